@@ -1,0 +1,22 @@
+# The two commands of the README:
+#   make run    set up .venv and run the main job on its default config
+#   make test   set up .venv and run the test suite
+CONFIG ?= configs/default.yaml
+PY := .venv/bin/python
+STAMP := .venv/.installed
+
+.PHONY: setup run test
+
+$(STAMP): setup.py constraints.txt requirements-cpu.txt tools/setup_env.sh
+	bash tools/setup_env.sh
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+run: $(STAMP)
+	.venv/bin/torchrun --standalone \
+	  --nproc_per_node=$$($(PY) -m hacpo_megatron.config --config $(CONFIG) --print-world-size) \
+	  examples/hacpo_pretrain_style.py --config $(CONFIG) $(ARGS)
+
+test: $(STAMP)
+	$(PY) -m pytest -q tests $(PYTEST_ARGS)

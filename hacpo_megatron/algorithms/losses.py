@@ -1,0 +1,232 @@
+"""Policy losses: HACPO (own rows GSPO, other agents' rows exponential IS + stepwise clip), GSPO, GRPO.
+
+All take per-token log-probs `logp` [N, T] of the learner and a response `mask` [N, T] (True on the
+response tokens), and return `(loss, metrics)`.
+
+Aggregation and micro-batches: the HACPO and GSPO losses are the mean over sequences of each
+sequence's token-mean loss; GRPO's is the token-mean over all response tokens. When a mini-batch is
+split over micro-batches and data-parallel ranks, pass the mini-batch's global count
+(`num_global_seqs` / `num_global_tokens`): each call then returns its share, sum_rows / global_count,
+and the shares summed over micro-batches and ranks are exactly the global mean (so the data-parallel
+gradient reduction must be a sum, not an average).
+
+Sequence-level ratios make every token of a sequence carry the same loss value, so "the token-mean
+of the sequence's loss" is that value; its gradient is s * mean_t grad log pi(y_t), as in GSPO.
+"""
+from __future__ import annotations
+
+from typing import Dict, Optional, Tuple
+
+import torch
+
+from hacpo_megatron.algorithms.checks import check_sequence_batch
+
+# log s is clamped at this value before exp (DESIGN: "log s clamped at 10").
+MAX_LOG_SEQ_RATIO = 10.0
+# GRPO's token log-ratio is clamped to +-20 before exp, as verl does, to keep exp finite.
+MAX_ABS_LOG_TOKEN_RATIO = 20.0
+
+Metrics = Dict[str, float]
+
+
+def masked_row_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean of each row over its response tokens: [N, T] -> [N]. Padding values never leak in."""
+    kept = torch.where(mask.bool(), values, torch.zeros_like(values))
+    return kept.sum(dim=-1) / mask.to(values.dtype).sum(dim=-1)
+
+
+def sequence_ratio(logp: torch.Tensor, mask: torch.Tensor, old_seq_logp: torch.Tensor) -> torch.Tensor:
+    """s = exp(min(mean_t log pi(y_t) - old_seq_logp, 10)): the GSPO/HACPO sequence importance ratio."""
+    log_ratio = masked_row_mean(logp, mask) - old_seq_logp.to(logp.dtype)
+    return torch.exp(log_ratio.clamp(max=MAX_LOG_SEQ_RATIO))
+
+
+def cross_clip_lower_bound(update_index: int, delta: float, delta_step: float, stepwise: bool = True) -> float:
+    """lo_m = min(1, 1 - delta + m * delta_step); without the stepwise schedule lo = 1 - delta."""
+    if update_index < 0:
+        raise ValueError(f"update_index must be >= 0, got {update_index}")
+    if stepwise:
+        return min(1.0, 1.0 - delta + update_index * delta_step)
+    return 1.0 - delta
+
+
+def _own_sequence_losses(s: torch.Tensor, advantages: torch.Tensor, clip_low: float, clip_high: float) -> torch.Tensor:
+    """-min(s * A, clip(s, 1 - eps_low, 1 + eps_high) * A) per row."""
+    clipped = s.clamp(min=1.0 - clip_low, max=1.0 + clip_high)
+    return torch.maximum(-s * advantages, -clipped * advantages)
+
+
+def _cross_sequence_losses(
+    s: torch.Tensor, advantages: torch.Tensor, *, lower: float, alpha: float, cross_clip: bool
+) -> torch.Tensor:
+    """-clip(s, lo_m, 1) * sg(s)^alpha * A per row (exponential importance sampling, paper Eq. 6-7)."""
+    clipped = s.clamp(min=lower, max=1.0) if cross_clip else s
+    return -clipped * s.detach().pow(alpha) * advantages
+
+
+def _denominator(count: Optional[float], local: int, name: str) -> float:
+    if count is None:
+        return float(local)
+    if count <= 0:
+        raise ValueError(f"{name} must be positive, got {count}")
+    return float(count)
+
+
+def _fraction(flags: torch.Tensor) -> torch.Tensor:
+    return flags.float().mean() if flags.numel() else torch.tensor(float("nan"))
+
+
+def _mean(values: torch.Tensor) -> torch.Tensor:
+    return values.float().mean() if values.numel() else torch.tensor(float("nan"))
+
+
+def _to_floats(metrics: Dict[str, object]) -> Metrics:
+    """One device-to-host copy for all metrics (NaN where a metric has no rows)."""
+    device = next((v.device for v in metrics.values() if torch.is_tensor(v)), torch.device("cpu"))
+    values = [torch.as_tensor(v, dtype=torch.float32, device=device).detach().reshape(()) for v in metrics.values()]
+    return dict(zip(metrics, torch.stack(values).cpu().tolist()))
+
+
+def _check_clip(clip_low: float, clip_high: float) -> None:
+    if not (0 <= clip_low < 1) or clip_high < 0:
+        raise ValueError(f"clip range needs 0 <= clip_low < 1 and clip_high >= 0, got {clip_low}, {clip_high}")
+
+
+def hacpo_policy_loss(
+    logp: torch.Tensor,
+    mask: torch.Tensor,
+    old_seq_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    is_cross: torch.Tensor,
+    *,
+    update_index: int,
+    clip_low: float = 3e-4,
+    clip_high: float = 4e-4,
+    alpha: float = 1.0,
+    delta: float = 0.2,
+    delta_step: float = 0.025,
+    cross_clip: bool = True,
+    stepwise_clip: bool = True,
+    num_global_seqs: Optional[float] = None,
+) -> Tuple[torch.Tensor, Metrics]:
+    """The HACPO loss of one learner on a mini-batch of own and other agents' rows.
+
+    Own rows (is_cross False): GSPO, s = exp(mean log pi_k - old_seq_logp), loss -min(sA, clip(s)A).
+    Other agents' rows: s = exp(mean over the L_k learner tokens of log pi_k - source sum / L_j),
+    loss -clip(s, lo_m, 1) * sg(s)^alpha * A with lo_m = min(1, 1 - delta + m * delta_step).
+    `advantages` are the effective ones (omega already applied to other agents' rows); `update_index`
+    is m, the 0-based index of this mini-batch update within the step.
+    Switches: `cross_clip=False` (no cross clip ablation), `stepwise_clip=False` (constant lo = 1 - delta).
+    """
+    check_sequence_batch(logp, mask, old_seq_logp=old_seq_logp, advantages=advantages, is_cross=is_cross)
+    _check_clip(clip_low, clip_high)
+    if alpha < 0:
+        raise ValueError(f"alpha must be >= 0, got {alpha}")
+    if not (0 < delta < 1):
+        raise ValueError(f"delta must be in (0, 1), got {delta}")
+    lower = cross_clip_lower_bound(update_index, delta, delta_step, stepwise=stepwise_clip)
+    is_cross = is_cross.bool()
+    advantages = advantages.to(logp.dtype)
+
+    s = sequence_ratio(logp, mask, old_seq_logp)
+    own_losses = _own_sequence_losses(s, advantages, clip_low, clip_high)
+    cross_losses = _cross_sequence_losses(s, advantages, lower=lower, alpha=alpha, cross_clip=cross_clip)
+    per_row = torch.where(is_cross, cross_losses, own_losses)
+    loss = per_row.sum() / _denominator(num_global_seqs, logp.shape[0], "num_global_seqs")
+
+    with torch.no_grad():
+        s_own, s_cross = s[~is_cross], s[is_cross]
+        metrics = {
+            "own_ratio_mean": _mean(s_own),
+            "cross_ratio_mean": _mean(s_cross),
+            "own_clip_frac_lower": _fraction(s_own < 1.0 - clip_low),
+            "own_clip_frac_upper": _fraction(s_own > 1.0 + clip_high),
+            "cross_clip_frac_lower": _fraction(s_cross < lower) if cross_clip else 0.0,
+            "cross_clip_frac_upper": _fraction(s_cross > 1.0) if cross_clip else 0.0,
+            "cross_clip_lower_bound": lower,
+            "num_own": float(s_own.numel()),
+            "num_cross": float(s_cross.numel()),
+        }
+    return loss, _to_floats(metrics)
+
+
+def gspo_policy_loss(
+    logp: torch.Tensor,
+    mask: torch.Tensor,
+    old_seq_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    *,
+    clip_low: float = 3e-4,
+    clip_high: float = 4e-4,
+    num_global_seqs: Optional[float] = None,
+) -> Tuple[torch.Tensor, Metrics]:
+    """GSPO: sequence ratio, -min(sA, clip(s, 1 - eps_low, 1 + eps_high)A), mean over sequences."""
+    check_sequence_batch(logp, mask, old_seq_logp=old_seq_logp, advantages=advantages)
+    _check_clip(clip_low, clip_high)
+    s = sequence_ratio(logp, mask, old_seq_logp)
+    per_row = _own_sequence_losses(s, advantages.to(logp.dtype), clip_low, clip_high)
+    loss = per_row.sum() / _denominator(num_global_seqs, logp.shape[0], "num_global_seqs")
+    with torch.no_grad():
+        metrics = {
+            "own_ratio_mean": _mean(s),
+            "own_clip_frac_lower": _fraction(s < 1.0 - clip_low),
+            "own_clip_frac_upper": _fraction(s > 1.0 + clip_high),
+            "num_own": float(s.numel()),
+        }
+    return loss, _to_floats(metrics)
+
+
+def grpo_policy_loss(
+    logp: torch.Tensor,
+    mask: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    *,
+    clip_low: float = 0.2,
+    clip_high: float = 0.28,
+    num_global_tokens: Optional[float] = None,
+) -> Tuple[torch.Tensor, Metrics]:
+    """GRPO (DAPO clip-higher): token ratio r_t, -min(r_t A, clip(r_t) A), token-mean over all tokens."""
+    check_sequence_batch(logp, mask, advantages=advantages)
+    if old_logp.shape != logp.shape:
+        raise ValueError(f"old_logp must be [N, T] like logp, got {tuple(old_logp.shape)}")
+    _check_clip(clip_low, clip_high)
+    valid = mask.bool()
+    log_ratio = torch.where(valid, logp - old_logp.to(logp.dtype), torch.zeros_like(logp))
+    r = torch.exp(log_ratio.clamp(-MAX_ABS_LOG_TOKEN_RATIO, MAX_ABS_LOG_TOKEN_RATIO))
+    A = advantages.to(logp.dtype)[:, None]
+    clipped = r.clamp(min=1.0 - clip_low, max=1.0 + clip_high)
+    per_token = torch.maximum(-r * A, -clipped * A)
+    total_tokens = int(valid.sum().item())
+    loss = torch.where(valid, per_token, torch.zeros_like(per_token)).sum() / _denominator(
+        num_global_tokens, total_tokens, "num_global_tokens"
+    )
+    with torch.no_grad():
+        r_valid = r[valid]
+        metrics = {
+            "own_ratio_mean": _mean(r_valid),
+            "own_clip_frac_lower": _fraction(r_valid < 1.0 - clip_low),
+            "own_clip_frac_upper": _fraction(r_valid > 1.0 + clip_high),
+            "num_own": float(logp.shape[0]),
+            "num_tokens": float(total_tokens),
+        }
+    return loss, _to_floats(metrics)
+
+
+def low_var_kl_penalty(
+    logp: torch.Tensor,
+    ref_logp: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    num_global_seqs: Optional[float] = None,
+) -> torch.Tensor:
+    """k3 ("low-var") KL to a frozen reference, per-sequence token-mean, summed / num_global_seqs.
+
+    kl_t = exp(ref - logp) - (ref - logp) - 1, clamped to [-10, 10] as verl does. Add
+    `kl_coef * low_var_kl_penalty(...)` over own rows to the policy loss (the authors used 0.001).
+    """
+    check_sequence_batch(logp, mask)
+    diff = (ref_logp.to(logp.dtype) - logp).clamp(-20.0, 20.0)
+    kl = (torch.exp(diff) - diff - 1.0).clamp(-10.0, 10.0)
+    per_row = masked_row_mean(kl, mask)
+    return per_row.sum() / _denominator(num_global_seqs, logp.shape[0], "num_global_seqs")

@@ -1,0 +1,108 @@
+"""Algorithms by name: HACPO, its baselines, and its ablations, as switches over one code path.
+
+| name     | shares rollouts | advantage baseline        | omega modulation | loss on other agents' rows |
+| -------- | --------------- | ------------------------- | ---------------- | -------------------------- |
+| hacpo    | yes             | capability-aware          | yes              | exp. IS + stepwise clip    |
+| naive    | yes             | plain joint-group mean    | no               | same GSPO loss as own rows |
+| gspo     | no              | own group (GRPO-style)    | -                | -                          |
+| gspo_x2  | no (2G samples, twice the updates)                                                      |
+| grpo     | no, token-level ratio loss                                                               |
+
+Ablations of HACPO are switches on `hacpo`: capability_aware_advantage=False ("-Adv"),
+gradient_modulation=False ("-omega"), cross_clip=False, stepwise_clip=False, and the alpha sweep.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import NamedTuple, Optional, Tuple
+
+import torch
+
+from hacpo_megatron.algorithms.advantages import hacpo_advantages, modulated_advantages
+from hacpo_megatron.algorithms.capability import capability_ratios
+from hacpo_megatron.algorithms.losses import grpo_policy_loss, gspo_policy_loss, hacpo_policy_loss
+
+
+@dataclass(frozen=True)
+class AlgorithmSpec:
+    name: str
+    policy_loss: str  # key of POLICY_LOSSES
+    share_rollouts: bool  # learners also train on other agents' responses
+    capability_aware_advantage: bool = True
+    gradient_modulation: bool = True
+    cross_clip: bool = True
+    stepwise_clip: bool = True
+    samples_multiplier: int = 1  # GSPO x2: 2G samples per prompt
+    updates_multiplier: int = 1  # GSPO x2: twice the mini-batch updates per step
+
+
+ALGORITHMS = {
+    "hacpo": AlgorithmSpec("hacpo", policy_loss="hacpo", share_rollouts=True),
+    "naive": AlgorithmSpec(
+        "naive", policy_loss="gspo", share_rollouts=True, capability_aware_advantage=False, gradient_modulation=False
+    ),
+    "gspo": AlgorithmSpec("gspo", policy_loss="gspo", share_rollouts=False),
+    "gspo_x2": AlgorithmSpec("gspo_x2", policy_loss="gspo", share_rollouts=False, samples_multiplier=2, updates_multiplier=2),
+    "grpo": AlgorithmSpec("grpo", policy_loss="grpo", share_rollouts=False),
+}
+
+POLICY_LOSSES = {"hacpo": hacpo_policy_loss, "gspo": gspo_policy_loss, "grpo": grpo_policy_loss}
+
+ABLATION_SWITCHES = ("capability_aware_advantage", "gradient_modulation", "cross_clip", "stepwise_clip")
+
+
+def resolve_algorithm(name: str, **switches: Optional[bool]) -> AlgorithmSpec:
+    """The spec of `name` with ablation switches applied (a switch set to None keeps the default).
+
+    Switches only change HACPO; setting one on a baseline it does not apply to is an error, so a
+    config never silently runs something other than what it says.
+    """
+    if name not in ALGORITHMS:
+        raise ValueError(f"unknown algorithm {name!r}; choose one of {sorted(ALGORITHMS)}")
+    spec = ALGORITHMS[name]
+    changes = {k: v for k, v in switches.items() if v is not None}
+    unknown = set(changes) - set(ABLATION_SWITCHES)
+    if unknown:
+        raise ValueError(f"unknown algorithm switches {sorted(unknown)}; known: {list(ABLATION_SWITCHES)}")
+    if name != "hacpo":
+        differing = {k: v for k, v in changes.items() if getattr(spec, k) != v}
+        if differing:
+            raise ValueError(f"switches {sorted(differing)} are HACPO ablations and do not apply to {name!r}")
+    return dataclasses.replace(spec, **changes)
+
+
+class StepAdvantages(NamedTuple):
+    omega: torch.Tensor  # [n, n] capability ratios (ones when rollouts are not shared)
+    effective: torch.Tensor  # [n, n, B, G] effective advantage of learner k on agent j's responses
+    trains_on: torch.Tensor  # [n, n] bool: learner k trains on agent j's responses
+
+
+def step_advantages(
+    rewards: torch.Tensor,
+    capabilities: torch.Tensor,
+    spec: AlgorithmSpec,
+    *,
+    omega_clamp: Optional[Tuple[float, float]] = (0.1, 10.0),
+    eps: float = 1e-6,
+    reward_range: Optional[Tuple[float, float]] = (0.0, 1.0),
+) -> StepAdvantages:
+    """Every learner's effective advantages for one step (Algorithm 1, lines computing A and A~).
+
+    Shared-rollout algorithms use the joint group of all n*G responses; single-agent ones normalise
+    each agent within its own G responses (GRPO/GSPO), and learner k trains on its own rows only.
+    """
+    n = rewards.shape[0]
+    if spec.share_rollouts:
+        omega = capability_ratios(capabilities, clamp=omega_clamp)
+        A = hacpo_advantages(rewards, omega, capability_aware=spec.capability_aware_advantage, eps=eps, reward_range=reward_range)
+        effective = modulated_advantages(A, omega, gradient_modulation=spec.gradient_modulation)
+        trains_on = torch.ones(n, n, dtype=torch.bool)
+        return StepAdvantages(omega, effective, trains_on)
+
+    omega = torch.ones(n, n, dtype=torch.float64)
+    effective = torch.zeros((n, n) + tuple(rewards.shape[1:]), dtype=rewards.dtype)
+    for k in range(n):
+        own = hacpo_advantages(rewards[k : k + 1], omega[:1, :1], capability_aware=False, eps=eps, reward_range=reward_range)
+        effective[k, k] = own[0, 0]
+    return StepAdvantages(omega, effective, torch.eye(n, dtype=torch.bool))

@@ -1,0 +1,33 @@
+"""Validate a config and print it resolved: python -m hacpo_megatron.config --config FILE [--set K=V ...]"""
+import argparse
+import sys
+
+import yaml
+
+from hacpo_megatron.config.loader import ConfigError, config_to_dict, load_config
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--config", default=None, help="YAML file (default: built-in defaults)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override any key, e.g. --set algorithm.alpha=3 --set agents.0.parallel.tensor=2")
+    parser.add_argument("--print-world-size", action="store_true",
+                        help="print only the number of processes the config needs (for torchrun --nproc_per_node)")
+    args = parser.parse_args(argv)
+    try:
+        cfg = load_config(args.config, args.overrides)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.print_world_size:
+        from hacpo_megatron.parallel.layout import required_world_size
+
+        print(required_world_size(cfg.agents))
+        return 0
+    yaml.safe_dump(config_to_dict(cfg), sys.stdout, sort_keys=False)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

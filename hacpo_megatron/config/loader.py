@@ -1,0 +1,338 @@
+"""YAML -> typed Config, with `--set key=value` overrides and validation before any work starts.
+
+Every problem is reported at once, each with the file, the line where the key stands, and the key:
+
+    configs/x.yaml:12: algorithm.alhpa: unknown key (known: alpha, capability_aware_advantage, ...)
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import typing
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import yaml
+
+from hacpo_megatron.config.schema import AgentConfig, Config
+
+Path = Tuple[Any, ...]
+_NUMBER = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
+
+
+class ConfigError(ValueError):
+    """A config that cannot run; the message lists every problem found."""
+
+
+# ----------------------------------------------------------------------------- locating keys
+def _key_lines(text: str) -> Dict[Path, int]:
+    """Map every key path in a YAML document to its 1-based line number."""
+    lines: Dict[Path, int] = {}
+
+    def walk(node: yaml.Node, path: Path) -> None:
+        if isinstance(node, yaml.MappingNode):
+            for key_node, value_node in node.value:
+                child = path + (key_node.value,)
+                lines[child] = key_node.start_mark.line + 1
+                walk(value_node, child)
+        elif isinstance(node, yaml.SequenceNode):
+            for index, item in enumerate(node.value):
+                lines[path + (index,)] = item.start_mark.line + 1
+                walk(item, path + (index,))
+
+    root = yaml.compose(text)
+    if root is not None:
+        walk(root, ())
+    return lines
+
+
+class _Where:
+    """Formats 'file:line: key' for a key path; overrides are named as such."""
+
+    def __init__(self, source: str, lines: Dict[Path, int], overridden: Dict[Path, str]):
+        self.source, self.lines, self.overridden = source, lines, overridden
+
+    def __call__(self, path: Path) -> str:
+        key = ".".join(str(p) for p in path) or "<top level>"
+        for length in range(len(path), 0, -1):
+            if path[:length] in self.overridden:
+                return f"--set {self.overridden[path[:length]]}: {key}"
+        for length in range(len(path), -1, -1):
+            if path[:length] in self.lines:
+                return f"{self.source}:{self.lines[path[:length]]}: {key}"
+        return f"{self.source}: {key}"
+
+
+# ----------------------------------------------------------------------------- overrides
+def _parse_override(text: str) -> Tuple[List[str], Any]:
+    if "=" not in text:
+        raise ConfigError(f"--set {text}: expected KEY=VALUE, e.g. --set algorithm.alpha=3")
+    key, raw = text.split("=", 1)
+    if not key.strip():
+        raise ConfigError(f"--set {text}: empty key")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"--set {text}: value is not valid YAML: {exc}") from None
+    return key.strip().split("."), value
+
+
+def _apply_override(data: Dict[str, Any], text: str) -> Path:
+    """Set one dotted key in the raw dict. List items are addressed by index or, for agents, by name."""
+    parts, value = _parse_override(text)
+    node: Any = data
+    path: List[Any] = []
+    for depth, part in enumerate(parts):
+        last = depth == len(parts) - 1
+        if isinstance(node, list):
+            index = _list_index(node, part, text)
+            path.append(index)
+            if last:
+                node[index] = value
+            else:
+                node = node[index]
+        elif isinstance(node, dict):
+            path.append(part)
+            if last:
+                node[part] = value
+            else:
+                if node.get(part) is None:
+                    node[part] = {}
+                node = node[part]
+        else:
+            raise ConfigError(f"--set {text}: {'.'.join(map(str, path))} is a value, not a section")
+    return tuple(path)
+
+
+def _list_index(items: list, part: str, text: str) -> int:
+    if part.lstrip("-").isdigit():
+        index = int(part)
+        if not -len(items) <= index < len(items):
+            raise ConfigError(f"--set {text}: index {index} out of range (the list has {len(items)} items)")
+        return index % len(items)
+    names = [item.get("name") if isinstance(item, dict) else None for item in items]
+    if part in names:
+        return names.index(part)
+    raise ConfigError(f"--set {text}: no list item named {part!r} (names: {[n for n in names if n]})")
+
+
+# ----------------------------------------------------------------------------- typed conversion
+def _type_name(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin is typing.Literal:
+        return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
+    if origin is typing.Union:
+        return " or ".join(_type_name(a) for a in typing.get_args(tp))
+    if origin in (list, List):
+        return f"list of {_type_name(typing.get_args(tp)[0])}"
+    if tp is type(None):
+        return "null"
+    return getattr(tp, "__name__", str(tp))
+
+
+def _convert(tp: Any, value: Any, path: Path, where: _Where, errors: List[str]) -> Any:
+    origin = typing.get_origin(tp)
+    if dataclasses.is_dataclass(tp):
+        return _build(tp, value, path, where, errors)
+    if origin is typing.Union:
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        return _convert(inner[0], value, path, where, errors)
+    if origin is typing.Literal:
+        if value not in typing.get_args(tp):
+            errors.append(f"{where(path)}: {value!r} is not {_type_name(tp)}")
+        return value
+    if origin in (list, List):
+        if not isinstance(value, list):
+            errors.append(f"{where(path)}: expected {_type_name(tp)}, got {type(value).__name__} {value!r}")
+            return value
+        (item_type,) = typing.get_args(tp)
+        return [_convert(item_type, v, path + (i,), where, errors) for i, v in enumerate(value)]
+    if tp is bool:
+        if not isinstance(value, bool):
+            errors.append(f"{where(path)}: expected true or false, got {type(value).__name__} {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            errors.append(f"{where(path)}: expected an integer, got {type(value).__name__} {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, str) and _NUMBER.fullmatch(value.strip()):
+            return float(value)  # PyYAML reads 1e-5 (no dot) as a string
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            errors.append(f"{where(path)}: expected a number, got {type(value).__name__} {value!r}")
+            return value
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            errors.append(f"{where(path)}: expected a string, got {type(value).__name__} {value!r}")
+            return value
+        return os.path.expandvars(value)  # ${HACPO_MODELS}/...; unset variables stay as written
+    raise TypeError(f"config schema uses an unsupported type {tp!r} at {path}")
+
+
+def _build(cls: type, value: Any, path: Path, where: _Where, errors: List[str]) -> Any:
+    if value is None:
+        value = {}
+    if not isinstance(value, dict):
+        errors.append(f"{where(path)}: expected a section (a mapping), got {type(value).__name__} {value!r}")
+        return cls()
+    hints = typing.get_type_hints(cls)
+    fields = {f.name for f in dataclasses.fields(cls)}
+    for key in value:
+        if key not in fields:
+            errors.append(f"{where(path + (key,))}: unknown key (known: {', '.join(sorted(fields))})")
+    kwargs = {k: _convert(hints[k], v, path + (k,), where, errors) for k, v in value.items() if k in fields}
+    return cls(**kwargs)
+
+
+# ----------------------------------------------------------------------------- semantic checks
+def _check(ok: bool, errors: List[str], where: _Where, path: Path, message: str) -> None:
+    if not ok:
+        errors.append(f"{where(path)}: {message}")
+
+
+def _validate(cfg: Config, where: _Where, errors: List[str]) -> None:
+    from hacpo_megatron.models.presets import attention_shape, load_hf_config_dict
+
+    a, r, d, t = cfg.algorithm, cfg.rollout, cfg.data, cfg.train
+    _check(a.alpha >= 0, errors, where, ("algorithm", "alpha"), f"must be >= 0, got {a.alpha}")
+    _check(0 < a.delta < 1, errors, where, ("algorithm", "delta"), f"must be in (0, 1), got {a.delta}")
+    _check(a.delta_step >= 0, errors, where, ("algorithm", "delta_step"), f"must be >= 0, got {a.delta_step}")
+    for key in ("clip_low", "grpo_clip_low"):
+        value = getattr(a, key)
+        _check(0 <= value < 1, errors, where, ("algorithm", key), f"must be in [0, 1), got {value}")
+    for key in ("clip_high", "grpo_clip_high", "kl_coef"):
+        value = getattr(a, key)
+        _check(value >= 0, errors, where, ("algorithm", key), f"must be >= 0, got {value}")
+    _check(a.advantage_eps > 0, errors, where, ("algorithm", "advantage_eps"), "must be > 0")
+    _check(a.capability_window >= 1, errors, where, ("algorithm", "capability_window"),
+           f"must be >= 1, got {a.capability_window}")
+    if a.omega_clamp is not None:
+        ok = len(a.omega_clamp) == 2 and 0 < a.omega_clamp[0] <= 1 <= a.omega_clamp[1]
+        _check(ok, errors, where, ("algorithm", "omega_clamp"),
+               f"must be [low, high] with 0 < low <= 1 <= high, or null; got {a.omega_clamp}")
+    try:
+        from hacpo_megatron.algorithms.registry import resolve_algorithm
+
+        resolve_algorithm(a.name, **{k: getattr(a, k) for k in
+                                     ("capability_aware_advantage", "gradient_modulation", "cross_clip", "stepwise_clip")})
+    except ValueError as exc:
+        errors.append(f"{where(('algorithm', 'name'))}: {exc}")
+
+    _check(r.samples_per_prompt >= 2, errors, where, ("rollout", "samples_per_prompt"),
+           f"G must be >= 2 (a group needs a spread of rewards), got {r.samples_per_prompt}")
+    _check(r.temperature > 0, errors, where, ("rollout", "temperature"), f"must be > 0, got {r.temperature}")
+    _check(0 < r.top_p <= 1, errors, where, ("rollout", "top_p"), f"must be in (0, 1], got {r.top_p}")
+    for key in ("max_prompt_length", "max_response_length"):
+        _check(getattr(r, key) >= 1, errors, where, ("rollout", key), "must be >= 1")
+    _check(0 < r.gpu_memory_utilization <= 1, errors, where, ("rollout", "gpu_memory_utilization"), "must be in (0, 1]")
+
+    _check(d.prompt_batch_size >= 1, errors, where, ("data", "prompt_batch_size"), "must be >= 1")
+    _check(d.eval_every >= 0, errors, where, ("data", "eval_every"), "must be >= 0 (0 disables)")
+    _check(t.mini_batch_size >= 1 and d.prompt_batch_size % max(t.mini_batch_size, 1) == 0, errors, where,
+           ("train", "mini_batch_size"),
+           f"must divide data.prompt_batch_size={d.prompt_batch_size} (M = B / mini_batch_size), got {t.mini_batch_size}")
+    _check(t.micro_batch_size >= 1, errors, where, ("train", "micro_batch_size"), "must be >= 1")
+    _check(t.lr > 0, errors, where, ("train", "lr"), f"must be > 0, got {t.lr}")
+    _check(0 <= t.min_lr <= t.lr, errors, where, ("train", "min_lr"), "must be in [0, lr]")
+    for key in ("lr_warmup_steps", "sft_warmup_steps", "weight_decay", "grad_clip"):
+        _check(getattr(t, key) >= 0, errors, where, ("train", key), "must be >= 0")
+    for key in ("adam_beta1", "adam_beta2"):
+        _check(0 <= getattr(t, key) < 1, errors, where, ("train", key), "must be in [0, 1)")
+
+    _check(cfg.run.total_steps >= 1, errors, where, ("run", "total_steps"), "must be >= 1")
+    _check(cfg.checkpoint.save_every >= 0, errors, where, ("checkpoint", "save_every"), "must be >= 0")
+    _check(cfg.checkpoint.keep_last >= 1, errors, where, ("checkpoint", "keep_last"), "must be >= 1")
+    _check(cfg.reward.timeout_s > 0, errors, where, ("reward", "timeout_s"), "must be > 0")
+    _check(cfg.reward.num_workers >= 1, errors, where, ("reward", "num_workers"), "must be >= 1")
+    if cfg.reward.range is not None:
+        _check(len(cfg.reward.range) == 2 and cfg.reward.range[0] < cfg.reward.range[1], errors, where,
+               ("reward", "range"), f"must be [low, high] with low < high, or null; got {cfg.reward.range}")
+    _check("." in cfg.reward.function, errors, where, ("reward", "function"),
+           "must be a dotted path module.function, e.g. hacpo_megatron.rewards.math_verify.compute_score")
+
+    if not cfg.agents:
+        errors.append(f"{where(('agents',))}: at least one agent is required")
+    if a.name in ("hacpo", "naive"):
+        _check(len(cfg.agents) >= 2 or not cfg.agents, errors, where, ("agents",),
+               f"algorithm {a.name!r} shares rollouts between agents and needs at least 2 (use gspo for one)")
+    seen: Dict[str, int] = {}
+    for i, agent in enumerate(cfg.agents):
+        _validate_agent(agent, ("agents", i), where, errors, load_hf_config_dict, attention_shape)
+        if agent.name in seen:
+            errors.append(f"{where(('agents', i, 'name'))}: duplicate agent name {agent.name!r} "
+                          f"(also agents[{seen[agent.name]}])")
+        seen.setdefault(agent.name, i)
+
+
+def _validate_agent(agent: AgentConfig, path: Path, where: _Where, errors: List[str], load_arch, shape_of) -> None:
+    _check(bool(agent.name) and agent.name.replace("-", "_").replace(".", "_").isidentifier(), errors, where,
+           path + ("name",), f"needs a name of letters, digits, '-', '_' or '.', got {agent.name!r}")
+    p = agent.parallel
+    for key in ("tensor", "pipeline", "data"):
+        _check(getattr(p, key) >= 1, errors, where, path + ("parallel", key), "must be >= 1")
+    _check(p.first_rank is None or p.first_rank >= 0, errors, where, path + ("parallel", "first_rank"), "must be >= 0")
+    if agent.lr is not None:
+        _check(agent.lr > 0, errors, where, path + ("lr",), f"must be > 0, got {agent.lr}")
+    if not agent.model:
+        errors.append(f"{where(path + ('model',))}: required (a preset name or a Hugging Face folder)")
+        return
+    try:
+        shape = shape_of(load_arch(agent.model))
+    except (ValueError, KeyError, OSError) as exc:
+        errors.append(f"{where(path + ('model',))}: {exc}")
+        return
+    if p.tensor >= 1:
+        heads, kv = shape["num_attention_heads"], shape["num_key_value_heads"]
+        _check(heads % p.tensor == 0 and kv % p.tensor == 0, errors, where, path + ("parallel", "tensor"),
+               f"TP={p.tensor} must divide the attention heads ({heads}) and key/value heads ({kv}) of {agent.model}")
+    if p.pipeline >= 1:
+        layers = shape["num_hidden_layers"]
+        _check(layers % p.pipeline == 0, errors, where, path + ("parallel", "pipeline"),
+               f"PP={p.pipeline} must divide the {layers} layers of {agent.model}")
+
+
+# ----------------------------------------------------------------------------- entry points
+def load_config(path: Optional[str], overrides: Sequence[str] = ()) -> Config:
+    """Read, override and validate a config. Raises ConfigError listing every problem."""
+    if path is None:
+        text, source = "{}", "<defaults>"
+    else:
+        if not os.path.isfile(path):
+            raise ConfigError(f"{path}: config file not found")
+        with open(path) as f:
+            text, source = f.read(), path
+    try:
+        data = yaml.safe_load(text)
+        lines = _key_lines(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{source}: not valid YAML: {exc}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: the top level must be a mapping of sections, got {type(data).__name__}")
+    overridden: Dict[Path, str] = {}
+    for text_override in overrides:
+        overridden[_apply_override(data, text_override)] = text_override
+    where = _Where(source, lines, overridden)
+    errors: List[str] = []
+    cfg = _build(Config, data, (), where, errors)
+    if not errors:
+        _validate(cfg, where, errors)
+    if errors:
+        raise ConfigError(f"invalid config ({len(errors)} problem{'s' if len(errors) > 1 else ''}):\n  "
+                          + "\n  ".join(errors))
+    return cfg
+
+
+def config_to_dict(cfg: Config) -> Dict[str, Any]:
+    """The resolved config as plain data (written next to a run's outputs)."""
+    return dataclasses.asdict(cfg)
+
+
+def dump_config(cfg: Config, path: str) -> None:
+    with open(path, "w") as f:
+        yaml.safe_dump(config_to_dict(cfg), f, sort_keys=False)

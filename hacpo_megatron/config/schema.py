@@ -1,0 +1,135 @@
+"""The run configuration: typed dataclasses, one per YAML section. Defaults are the paper's settings.
+
+Every field here is a key a YAML file may set; anything else is rejected with its file and line.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import List, Literal, Optional
+
+
+@dataclass
+class RunConfig:
+    name: str = "hacpo"
+    seed: int = 1234
+    output_dir: Optional[str] = None  # default: runs/<name>
+    total_steps: int = 100
+    device: Literal["auto", "cpu", "cuda"] = "auto"  # auto: cuda when available
+
+
+@dataclass
+class ParallelConfig:
+    tensor: int = 1
+    pipeline: int = 1
+    data: int = 1
+    # First global rank of this agent's ranks. None: agents are laid out one after another.
+    # Agents given overlapping ranks time-share those devices.
+    first_rank: Optional[int] = None
+
+    @property
+    def world_size(self) -> int:
+        return self.tensor * self.pipeline * self.data
+
+
+@dataclass
+class AgentConfig:
+    name: str = ""
+    model: str = ""  # built-in preset name (hacpo_megatron/models/presets.py) or a folder with config.json
+    tokenizer: Optional[str] = None  # qwen3 | llama3.2 | gpt2 | a folder; None: the model/init_from folder
+    init_from: Optional[str] = None  # Hugging Face folder or Megatron checkpoint; None: random init
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    engine: Literal["embedded", "vllm", "sglang"] = "embedded"
+    lr: Optional[float] = None  # overrides train.lr for this agent
+
+
+@dataclass
+class AlgorithmConfig:
+    name: Literal["hacpo", "naive", "gspo", "gspo_x2", "grpo"] = "hacpo"
+    alpha: float = 1.0  # exponential importance sampling exponent
+    delta: float = 0.2  # cross-agent clip lower bound starts at 1 - delta
+    delta_step: float = 0.025  # ... and rises by delta_step per mini-batch update
+    clip_low: float = 3e-4  # GSPO clip on own responses
+    clip_high: float = 4e-4
+    grpo_clip_low: float = 0.2
+    grpo_clip_high: float = 0.28
+    # HACPO ablations; None keeps what the algorithm name implies.
+    capability_aware_advantage: Optional[bool] = None
+    gradient_modulation: Optional[bool] = None
+    cross_clip: Optional[bool] = None
+    stepwise_clip: Optional[bool] = None
+    omega_clamp: Optional[List[float]] = field(default_factory=lambda: [0.1, 10.0])  # null: no clamp
+    capability_window: int = 1  # W: steps averaged into P_k (paper 1, authors' code 5)
+    advantage_eps: float = 1e-6
+    kl_coef: float = 0.0  # low-var KL to the initial policy on own responses (authors: 0.001)
+
+
+@dataclass
+class RolloutConfig:
+    samples_per_prompt: int = 8  # G
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_prompt_length: int = 1024
+    max_response_length: int = 4096
+    placement: Literal["colocated", "separate"] = "colocated"
+    gpu_memory_utilization: float = 0.5
+
+
+@dataclass
+class DataConfig:
+    train: str = "synthetic:arithmetic"  # a .jsonl/.parquet file or synthetic:<task>
+    eval: Optional[str] = "synthetic:arithmetic"
+    prompt_batch_size: int = 128  # B
+    eval_every: int = 10  # steps; 0 disables
+    eval_max_prompts: Optional[int] = None
+    shuffle: bool = True
+
+
+@dataclass
+class RewardConfig:
+    function: str = "hacpo_megatron.rewards.math_verify.compute_score"
+    timeout_s: float = 5.0  # per response
+    num_workers: int = 2
+    range: Optional[List[float]] = field(default_factory=lambda: [0.0, 1.0])  # null: any finite reward
+
+
+@dataclass
+class TrainConfig:
+    mini_batch_size: int = 64  # prompts per mini-batch update: M = prompt_batch_size / mini_batch_size
+    micro_batch_size: int = 4  # sequences per forward/backward
+    lr: float = 1e-6
+    min_lr: float = 0.0
+    lr_warmup_steps: int = 0
+    lr_schedule: Literal["constant", "cosine", "linear"] = "constant"
+    weight_decay: float = 0.01
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    adam_eps: float = 1e-8
+    grad_clip: float = 1.0  # 0 disables
+    params_dtype: Literal["auto", "fp32", "bf16"] = "auto"  # auto: bf16 on GPU, fp32 on CPU
+    sft_warmup_steps: int = 0  # supervised warm-up before RL (random-init agents)
+
+
+@dataclass
+class CheckpointConfig:
+    save_every: int = 0  # steps; 0: only at the end
+    keep_last: int = 2
+
+
+@dataclass
+class LoggingConfig:
+    tensorboard: bool = True
+    plots: bool = True
+    progress_bar: bool = True
+
+
+@dataclass
+class Config:
+    run: RunConfig = field(default_factory=RunConfig)
+    agents: List[AgentConfig] = field(default_factory=list)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)

@@ -1,0 +1,81 @@
+"""Built-in architectures by name: Hugging Face `config.json` contents, without weights.
+
+The paper's models are here so that their configs validate (heads vs. TP, layers vs. PP) on any
+machine; their weights come from `init_from` (a Hugging Face folder) on the machine that trains them.
+The tiny ones are random-initialised models for CPU runs and tests.
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Dict
+
+SUPPORTED_ARCHITECTURES = ("Qwen3ForCausalLM", "Qwen2ForCausalLM", "LlamaForCausalLM")
+
+_QWEN3 = dict(
+    architectures=["Qwen3ForCausalLM"], model_type="qwen3", hidden_act="silu", attention_bias=False,
+    rms_norm_eps=1e-6, vocab_size=151936, head_dim=128, rope_theta=1000000.0, max_position_embeddings=32768,
+    bos_token_id=151643, eos_token_id=151643,
+)
+_LLAMA32 = dict(
+    architectures=["LlamaForCausalLM"], model_type="llama", hidden_act="silu", attention_bias=False, mlp_bias=False,
+    rms_norm_eps=1e-5, vocab_size=128256, rope_theta=500000.0, max_position_embeddings=131072,
+    rope_scaling=dict(rope_type="llama3", factor=32.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                      original_max_position_embeddings=8192),
+    tie_word_embeddings=True, bos_token_id=128000, eos_token_id=[128001, 128008, 128009],
+)
+
+PRESETS: Dict[str, Dict[str, Any]] = {
+    # ---- the paper's models (weights from `init_from`) ----
+    "qwen3-1.7b-base": dict(_QWEN3, hidden_size=2048, intermediate_size=6144, num_hidden_layers=28,
+                            num_attention_heads=16, num_key_value_heads=8, tie_word_embeddings=True),
+    "qwen3-4b-base": dict(_QWEN3, hidden_size=2560, intermediate_size=9728, num_hidden_layers=36,
+                          num_attention_heads=32, num_key_value_heads=8, tie_word_embeddings=True),
+    "qwen3-4b": dict(_QWEN3, hidden_size=2560, intermediate_size=9728, num_hidden_layers=36,
+                     num_attention_heads=32, num_key_value_heads=8, tie_word_embeddings=True,
+                     eos_token_id=151645, max_position_embeddings=40960),
+    "qwen3-4b-instruct-2507": dict(_QWEN3, hidden_size=2560, intermediate_size=9728, num_hidden_layers=36,
+                                   num_attention_heads=32, num_key_value_heads=8, tie_word_embeddings=True,
+                                   eos_token_id=151645, rope_theta=5000000.0, max_position_embeddings=262144),
+    "qwen3-8b-base": dict(_QWEN3, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
+                          num_attention_heads=32, num_key_value_heads=8, tie_word_embeddings=False),
+    "llama3.2-1b-instruct": dict(_LLAMA32, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+                                 num_attention_heads=32, num_key_value_heads=8, head_dim=64),
+    "llama3.2-3b-instruct": dict(_LLAMA32, hidden_size=3072, intermediate_size=8192, num_hidden_layers=28,
+                                 num_attention_heads=24, num_key_value_heads=8, head_dim=128),
+    # ---- tiny random models for CPU runs and tests (vocabularies of the real tokenizers) ----
+    "tiny-qwen3": dict(_QWEN3, hidden_size=128, intermediate_size=384, num_hidden_layers=4,
+                       num_attention_heads=4, num_key_value_heads=2, head_dim=32, vocab_size=151936,
+                       tie_word_embeddings=True, max_position_embeddings=2048),
+    "tiny-llama": dict(_LLAMA32, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, head_dim=32, vocab_size=128256,
+                       max_position_embeddings=2048, tie_word_embeddings=True),
+    "tiny-qwen2": dict(architectures=["Qwen2ForCausalLM"], model_type="qwen2", hidden_act="silu",
+                       rms_norm_eps=1e-6, vocab_size=151936, hidden_size=128, intermediate_size=384,
+                       num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, rope_theta=1000000.0,
+                       max_position_embeddings=2048, tie_word_embeddings=False, bos_token_id=151643,
+                       eos_token_id=151643),
+}
+
+
+def load_hf_config_dict(model: str) -> Dict[str, Any]:
+    """The Hugging Face config of a preset name or of a model folder holding config.json."""
+    if model in PRESETS:
+        return dict(PRESETS[model])
+    path = os.path.join(model, "config.json")
+    if os.path.isfile(path):
+        with open(path) as f:
+            return json.load(f)
+    raise ValueError(
+        f"{model!r} is neither a built-in preset ({', '.join(sorted(PRESETS))}) nor a folder with config.json"
+    )
+
+
+def attention_shape(hf_config: Dict[str, Any]) -> Dict[str, int]:
+    """The numbers parallel layouts must divide: attention heads, key/value heads, layers."""
+    heads = int(hf_config["num_attention_heads"])
+    return {
+        "num_attention_heads": heads,
+        "num_key_value_heads": int(hf_config.get("num_key_value_heads") or heads),
+        "num_hidden_layers": int(hf_config["num_hidden_layers"]),
+    }

@@ -1,0 +1,251 @@
+import math
+
+import pytest
+import torch
+
+from hacpo_megatron.algorithms import (
+    cross_clip_lower_bound,
+    grpo_policy_loss,
+    gspo_policy_loss,
+    hacpo_policy_loss,
+    low_var_kl_penalty,
+)
+from tests.algorithms.reference import ref_seq_loss
+
+
+def random_batch(N=12, T=9, seed=0, dtype=torch.float64, cross_fraction=0.5):
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, T + 1, (N,), generator=g)
+    mask = torch.arange(T)[None, :] < lengths[:, None]
+    logp = -torch.rand(N, T, generator=g, dtype=dtype) * 2.0
+    logp = torch.where(mask, logp, torch.full_like(logp, -1e9))  # garbage in padding must not leak
+    seq_mean = (logp * mask).sum(-1) / lengths
+    old = seq_mean + (torch.rand(N, generator=g, dtype=dtype) - 0.5) * 0.6  # ratios spread around 1
+    adv = torch.randn(N, generator=g, dtype=dtype)
+    is_cross = torch.rand(N, generator=g) < cross_fraction
+    return logp, mask, old, adv, is_cross
+
+
+# ---------------------------------------------------------------- hand-computed cases
+def test_own_row_unclipped_loss_and_gradient():
+    logp = torch.tensor([[-1.0, -2.0]], dtype=torch.float64, requires_grad=True)
+    mask = torch.ones(1, 2, dtype=torch.bool)
+    loss, m = hacpo_policy_loss(logp, mask, torch.tensor([-1.5]).double(), torch.tensor([2.0]).double(),
+                                torch.tensor([False]), update_index=0)
+    assert loss.item() == pytest.approx(-2.0)  # s = 1, loss = -s * A
+    loss.backward()
+    assert torch.allclose(logp.grad, torch.tensor([[-1.0, -1.0]], dtype=torch.float64))  # -A * s / L
+    assert m["own_ratio_mean"] == pytest.approx(1.0)
+    assert math.isnan(m["cross_ratio_mean"])
+
+
+def test_own_row_clipped_above_has_no_gradient_for_positive_advantage():
+    logp = torch.tensor([[-1.0]], dtype=torch.float64, requires_grad=True)
+    mask = torch.ones(1, 1, dtype=torch.bool)
+    old = torch.tensor([-1.01]).double()  # s = e^0.01 > 1 + 4e-4
+    loss, m = hacpo_policy_loss(logp, mask, old, torch.tensor([1.0]).double(), torch.tensor([False]), update_index=0)
+    assert loss.item() == pytest.approx(-(1 + 4e-4))
+    loss.backward()
+    assert logp.grad.abs().max().item() == 0.0
+    assert m["own_clip_frac_upper"] == 1.0 and m["own_clip_frac_lower"] == 0.0
+
+
+def test_cross_row_exponential_is_and_stepwise_clip():
+    mask = torch.ones(1, 2, dtype=torch.bool)
+    s = math.exp(-0.1)  # mean log pi = -1.1, source mean = -1.0
+    logp = torch.tensor([[-1.0, -1.2]], dtype=torch.float64, requires_grad=True)
+    loss, m = hacpo_policy_loss(logp, mask, torch.tensor([-1.0]).double(), torch.tensor([0.5]).double(),
+                                torch.tensor([True]), update_index=0, alpha=2.0)
+    assert loss.item() == pytest.approx(-s * s**2 * 0.5)  # s inside [0.8, 1]
+    loss.backward()
+    # d/dlogp_t of -s * sg(s)^2 * A = -A * sg(s)^2 * s / L
+    assert torch.allclose(logp.grad, torch.full((1, 2), -0.5 * s**3 / 2, dtype=torch.float64))
+    assert m["cross_ratio_mean"] == pytest.approx(s)
+    assert m["cross_clip_lower_bound"] == pytest.approx(0.8)
+
+    # at m = 5 the lower bound is 0.8 + 5 * 0.025 = 0.925 > s: clipped, no gradient
+    logp.grad = None
+    loss, m = hacpo_policy_loss(logp, mask, torch.tensor([-1.0]).double(), torch.tensor([0.5]).double(),
+                                torch.tensor([True]), update_index=5, alpha=2.0)
+    assert loss.item() == pytest.approx(-0.925 * s**2 * 0.5)
+    loss.backward()
+    assert logp.grad.abs().max().item() == 0.0
+    assert m["cross_clip_frac_lower"] == 1.0
+
+
+def test_cross_ratio_above_one_is_capped_at_one():
+    mask = torch.ones(1, 1, dtype=torch.bool)
+    logp = torch.tensor([[-0.5]], dtype=torch.float64)
+    loss, m = hacpo_policy_loss(logp, mask, torch.tensor([-1.0]).double(), torch.tensor([1.0]).double(),
+                                torch.tensor([True]), update_index=0, alpha=1.0)
+    s = math.exp(0.5)
+    assert loss.item() == pytest.approx(-1.0 * s * 1.0)
+    assert m["cross_clip_frac_upper"] == 1.0
+
+
+def test_cross_clip_lower_bound_schedule():
+    assert cross_clip_lower_bound(0, 0.2, 0.025) == pytest.approx(0.8)
+    assert cross_clip_lower_bound(3, 0.2, 0.025) == pytest.approx(0.875)
+    assert cross_clip_lower_bound(100, 0.2, 0.025) == 1.0
+    assert cross_clip_lower_bound(7, 0.2, 0.025, stepwise=False) == pytest.approx(0.8)
+    with pytest.raises(ValueError):
+        cross_clip_lower_bound(-1, 0.2, 0.025)
+
+
+def test_log_ratio_is_clamped_at_ten():
+    mask = torch.ones(2, 1, dtype=torch.bool)
+    logp = torch.tensor([[0.0], [0.0]], dtype=torch.float64)
+    old = torch.tensor([-50.0, -50.0], dtype=torch.float64)
+    loss, m = hacpo_policy_loss(logp, mask, old, torch.tensor([-1.0, -1.0]).double(),
+                                torch.tensor([False, True]), update_index=0, alpha=0.0)
+    assert math.isfinite(loss.item())
+    assert m["own_ratio_mean"] == pytest.approx(math.exp(10.0))
+
+
+# ---------------------------------------------------------------- random inputs vs the reference
+@pytest.mark.parametrize("seed", range(5))
+@pytest.mark.parametrize("m,alpha", [(0, 1.0), (3, 0.0), (9, 3.0)])
+def test_hacpo_loss_matches_reference(seed, m, alpha):
+    logp, mask, old, adv, is_cross = random_batch(seed=seed)
+    loss, metrics = hacpo_policy_loss(logp, mask, old, adv, is_cross, update_index=m, alpha=alpha)
+    per_seq = [
+        ref_seq_loss(logp[r][mask[r]].tolist(), old[r].item(), adv[r].item(), bool(is_cross[r]), m, alpha=alpha)
+        for r in range(logp.shape[0])
+    ]
+    assert loss.item() == pytest.approx(sum(per_seq) / len(per_seq), rel=1e-10, abs=1e-12)
+    assert metrics["num_own"] + metrics["num_cross"] == logp.shape[0]
+
+
+def _reference_loss_autograd(logp, mask, old, adv, is_cross, m, alpha, eps_low=3e-4, eps_high=4e-4, delta=0.2, step=0.025):
+    """Per-sequence loop in float64 autograd: an independent way to the same gradient."""
+    total = 0.0
+    for r in range(logp.shape[0]):
+        tokens = logp[r][mask[r]]
+        s = torch.exp(torch.clamp(tokens.mean() - old[r], max=10.0))
+        if is_cross[r]:
+            lo = min(1.0, 1 - delta + m * step)
+            total = total - torch.clamp(s, lo, 1.0) * s.detach() ** alpha * adv[r]
+        else:
+            total = total - torch.min(s * adv[r], torch.clamp(s, 1 - eps_low, 1 + eps_high) * adv[r])
+    return total / logp.shape[0]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_hacpo_gradients_match_float64_autograd_reference(seed):
+    logp, mask, old, adv, is_cross = random_batch(seed=seed)
+    # push some own ratios inside the narrow GSPO band so both branches carry gradient
+    old = torch.where(torch.arange(len(old)) % 3 == 0, (torch.where(mask, logp, 0).sum(-1) / mask.sum(-1)), old)
+    ours = logp.clone().float().requires_grad_(True)
+    loss, _ = hacpo_policy_loss(ours, mask, old.float(), adv.float(), is_cross, update_index=2, alpha=1.5)
+    loss.backward()
+    ref = logp.clone().requires_grad_(True)
+    _reference_loss_autograd(ref, mask, old, adv, is_cross, 2, 1.5).backward()
+    assert ref.grad.abs().sum() > 0
+    assert torch.allclose(ours.grad.double(), ref.grad, atol=1e-6)
+
+
+@pytest.mark.parametrize("splits", [[12], [5, 7], [1, 4, 3, 4]])
+def test_micro_batches_and_dp_ranks_sum_to_the_global_mean(splits):
+    logp, mask, old, adv, is_cross = random_batch(seed=7)
+    full = logp.clone().requires_grad_(True)
+    full_loss, _ = hacpo_policy_loss(full, mask, old, adv, is_cross, update_index=1)
+    full_loss.backward()
+    parts = logp.clone().requires_grad_(True)
+    total, start = 0.0, 0
+    for size in splits:  # each chunk is a micro-batch on some rank; the sum is what DP all-reduce-sum gives
+        sl = slice(start, start + size)
+        part_loss, _ = hacpo_policy_loss(parts[sl], mask[sl], old[sl], adv[sl], is_cross[sl], update_index=1,
+                                         num_global_seqs=12)
+        part_loss.backward()
+        total += part_loss.item()
+        start += size
+    assert total == pytest.approx(full_loss.item(), rel=1e-12)
+    assert torch.allclose(parts.grad, full.grad, atol=1e-14)
+
+
+def test_single_agent_hacpo_equals_gspo():
+    logp, mask, old, adv, _ = random_batch(seed=3)
+    own = torch.zeros(len(adv), dtype=torch.bool)
+    a, _ = hacpo_policy_loss(logp, mask, old, adv, own, update_index=4)
+    b, _ = gspo_policy_loss(logp, mask, old, adv)
+    assert a.item() == pytest.approx(b.item(), rel=1e-12)
+
+
+def test_ablation_switches_change_the_cross_loss():
+    logp, mask, old, adv, is_cross = random_batch(seed=5, cross_fraction=1.0)
+    base, _ = hacpo_policy_loss(logp, mask, old, adv, is_cross, update_index=3)
+    no_clip, _ = hacpo_policy_loss(logp, mask, old, adv, is_cross, update_index=3, cross_clip=False)
+    no_step, m = hacpo_policy_loss(logp, mask, old, adv, is_cross, update_index=3, stepwise_clip=False)
+    s = torch.exp((torch.where(mask, logp, 0).sum(-1) / mask.sum(-1)) - old)
+    assert no_clip.item() == pytest.approx((-(s * s * adv)).mean().item(), rel=1e-10)
+    assert m["cross_clip_lower_bound"] == pytest.approx(0.8)
+    assert len({round(base.item(), 12), round(no_clip.item(), 12), round(no_step.item(), 12)}) == 3
+
+
+def test_one_token_responses():
+    logp, mask, old, adv, is_cross = random_batch(N=6, T=1, seed=11)
+    loss, _ = hacpo_policy_loss(logp, mask, old, adv, is_cross, update_index=0)
+    ref = [ref_seq_loss([logp[r, 0].item()], old[r].item(), adv[r].item(), bool(is_cross[r]), 0) for r in range(6)]
+    assert loss.item() == pytest.approx(sum(ref) / 6, rel=1e-10)
+
+
+# ---------------------------------------------------------------- GRPO
+def test_grpo_loss_matches_token_level_reference():
+    logp, mask, _, adv, _ = random_batch(seed=9)
+    g = torch.Generator().manual_seed(1)
+    old = logp + (torch.rand(logp.shape, generator=g, dtype=torch.float64) - 0.5) * 0.8
+    loss, metrics = grpo_policy_loss(logp, mask, old, adv)
+    total, count = 0.0, 0
+    for r in range(logp.shape[0]):
+        for tkn in range(logp.shape[1]):
+            if mask[r, tkn]:
+                ratio = math.exp(logp[r, tkn].item() - old[r, tkn].item())
+                a = adv[r].item()
+                total += -min(ratio * a, min(max(ratio, 0.8), 1.28) * a)
+                count += 1
+    assert loss.item() == pytest.approx(total / count, rel=1e-10)
+    assert 0.0 < metrics["own_clip_frac_lower"] + metrics["own_clip_frac_upper"] < 1.0
+
+
+def test_grpo_micro_batches_with_global_token_count():
+    logp, mask, _, adv, _ = random_batch(seed=10)
+    old = logp.detach() - 0.05
+    full, _ = grpo_policy_loss(logp, mask, old, adv)
+    tokens = int(mask.sum())
+    parts = sum(grpo_policy_loss(logp[s], mask[s], old[s], adv[s], num_global_tokens=tokens)[0].item()
+                for s in (slice(0, 5), slice(5, 12)))
+    assert parts == pytest.approx(full.item(), rel=1e-12)
+
+
+# ---------------------------------------------------------------- KL and input checks
+def test_low_var_kl_is_zero_at_the_reference_and_positive_elsewhere():
+    logp, mask, _, _, _ = random_batch(seed=12)
+    assert low_var_kl_penalty(logp, logp.clone(), mask).item() == pytest.approx(0.0, abs=1e-12)
+    assert low_var_kl_penalty(logp, logp - 0.3, mask).item() > 0
+
+
+def test_empty_response_rows_are_rejected():
+    logp, mask, old, adv, is_cross = random_batch(seed=0)
+    mask[3] = False
+    with pytest.raises(ValueError, match="empty responses .* rows \\[3\\]"):
+        hacpo_policy_loss(logp, mask, old, adv, is_cross, update_index=0)
+
+
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [({"alpha": -1.0}, "alpha"), ({"delta": 1.0}, "delta"), ({"delta": 0.0}, "delta"), ({"update_index": -1}, "update_index")],
+)
+def test_bad_hyperparameters_are_rejected(kwargs, message):
+    logp, mask, old, adv, is_cross = random_batch(seed=0)
+    call = {"update_index": 0, **kwargs}
+    with pytest.raises(ValueError, match=message):
+        hacpo_policy_loss(logp, mask, old, adv, is_cross, **call)
+
+
+def test_shape_mismatch_and_nonfinite_advantages_are_rejected():
+    logp, mask, old, adv, is_cross = random_batch(seed=0)
+    with pytest.raises(ValueError, match="advantages"):
+        hacpo_policy_loss(logp, mask, old, adv[:-1], is_cross, update_index=0)
+    adv[0] = float("nan")
+    with pytest.raises(ValueError, match="non-finite"):
+        hacpo_policy_loss(logp, mask, old, adv, is_cross, update_index=0)

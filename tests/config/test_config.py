@@ -1,0 +1,174 @@
+import glob
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from hacpo_megatron.config import ConfigError, load_config
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+GOOD = """\
+run:
+  name: t
+agents:
+  - name: a
+    model: tiny-qwen3
+  - name: b
+    model: tiny-llama
+algorithm:
+  alpha: 2.0
+data:
+  prompt_batch_size: 8
+train:
+  mini_batch_size: 4
+"""
+
+
+def write(tmp_path, text, name="c.yaml"):
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+def test_good_config_loads_with_typed_values(tmp_path):
+    cfg = load_config(write(tmp_path, GOOD))
+    assert cfg.algorithm.alpha == 2.0 and isinstance(cfg.algorithm.alpha, float)
+    assert [a.name for a in cfg.agents] == ["a", "b"]
+    assert cfg.agents[1].parallel.tensor == 1
+    assert cfg.rollout.samples_per_prompt == 8  # paper default
+
+
+@pytest.mark.parametrize("path", sorted(glob.glob(os.path.join(REPO, "configs", "**", "*.yaml"), recursive=True)))
+def test_every_shipped_config_validates(path):
+    cfg = load_config(path)
+    assert cfg.agents
+
+
+def test_paper_configs_carry_the_appendix_hyperparameters():
+    table = {  # alpha, 1 - delta, delta_step
+        "qwen3-4b_qwen3-4b-instruct": (3.0, 0.8, 0.01),
+        "qwen3-1.7b-base_qwen3-4b-base": (1.0, 0.8, 0.025),
+        "qwen3-4b-base_qwen3-8b-base": (3.0, 0.8, 0.025),
+        "llama3.2-1b-instruct_llama3.2-3b-instruct": (1.0, 0.9, 0.01),
+        "qwen3-1.7b-base_llama3.2-1b-instruct": (1.0, 0.8, 0.025),
+        "qwen3-4b-base_llama3.2-3b-instruct": (1.0, 0.8, 0.025),
+    }
+    for name, (alpha, one_minus_delta, step) in table.items():
+        cfg = load_config(os.path.join(REPO, "configs", "paper", name + ".yaml"))
+        a = cfg.algorithm
+        assert (a.alpha, round(1 - a.delta, 6), a.delta_step) == (alpha, one_minus_delta, step), name
+        assert (cfg.data.prompt_batch_size, cfg.train.mini_batch_size, cfg.rollout.samples_per_prompt) == (128, 64, 8)
+        assert cfg.train.lr == 1e-6 and (a.clip_low, a.clip_high) == (3e-4, 4e-4)
+
+
+def test_unknown_key_names_file_line_and_key(tmp_path):
+    path = write(tmp_path, GOOD.replace("  alpha: 2.0", "  alpha: 2.0\n  alhpa: 3"))
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert f"{path}:10: algorithm.alhpa: unknown key" in str(err.value)
+    assert "alpha" in str(err.value)  # lists the known keys
+
+
+def test_wrong_type_names_the_key(tmp_path):
+    path = write(tmp_path, GOOD.replace("alpha: 2.0", "alpha: high"))
+    with pytest.raises(ConfigError, match=r"c.yaml:9: algorithm.alpha: expected a number, got str 'high'"):
+        load_config(path)
+    path = write(tmp_path, GOOD.replace("prompt_batch_size: 8", "prompt_batch_size: 8.5"))
+    with pytest.raises(ConfigError, match="data.prompt_batch_size: expected an integer"):
+        load_config(path)
+
+
+def test_all_problems_are_reported_at_once(tmp_path):
+    path = write(tmp_path, GOOD + "rollout:\n  samples_per_prompt: true\n  top_k: 3\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert "2 problems" in str(err.value)
+    assert "rollout.samples_per_prompt: expected an integer" in str(err.value)
+    assert "rollout.top_k: unknown key" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "override,message",
+    [
+        ("algorithm.alpha=-1", "algorithm.alpha: must be >= 0"),
+        ("algorithm.delta=1.5", "algorithm.delta: must be in (0, 1)"),
+        ("algorithm.delta=0", "algorithm.delta: must be in (0, 1)"),
+        ("rollout.samples_per_prompt=1", "G must be >= 2"),
+        ("agents.1.name=a", "duplicate agent name 'a'"),
+        ("agents.a.parallel.tensor=3", "TP=3 must divide the attention heads (4)"),
+        ("agents.b.parallel.pipeline=3", "PP=3 must divide the 2 layers"),
+        ("agents=[]", "at least one agent is required"),
+        ("agents.0.model=no-such-model", "neither a built-in preset"),
+        ("algorithm.name=ppo", "is not one of 'hacpo'"),
+        ("algorithm.omega_clamp=[2, 3]", "omega_clamp"),
+        ("train.mini_batch_size=3", "must divide data.prompt_batch_size=8"),
+        ("algorithm.name=gspo", None),
+        ("rollout.temperature=0", "rollout.temperature: must be > 0"),
+    ],
+)
+def test_out_of_range_values_are_rejected(tmp_path, override, message):
+    path = write(tmp_path, GOOD)
+    if message is None:
+        assert load_config(path, [override]).algorithm.name == "gspo"
+        return
+    with pytest.raises(ConfigError) as err:
+        load_config(path, [override])
+    assert message in str(err.value)
+    assert f"--set {override}" in str(err.value) or override.startswith("agents")
+
+
+def test_overrides_set_any_key_by_index_or_agent_name(tmp_path):
+    path = write(tmp_path, GOOD)
+    cfg = load_config(path, ["algorithm.alpha=3", "agents.b.parallel.tensor=2", "agents.0.lr=1e-5",
+                             "algorithm.omega_clamp=null", "run.name=x"])
+    assert cfg.algorithm.alpha == 3.0
+    assert cfg.agents[1].parallel.tensor == 2
+    assert cfg.agents[0].lr == 1e-5
+    assert cfg.algorithm.omega_clamp is None
+    assert cfg.run.name == "x"
+    with pytest.raises(ConfigError, match="no list item named 'zz'"):
+        load_config(path, ["agents.zz.lr=1"])
+    with pytest.raises(ConfigError, match="expected KEY=VALUE"):
+        load_config(path, ["algorithm.alpha"])
+    with pytest.raises(ConfigError, match="--set algorithm.alhpa=3: algorithm.alhpa: unknown key"):
+        load_config(path, ["algorithm.alhpa=3"])
+
+
+def test_ablation_switch_on_a_baseline_is_rejected(tmp_path):
+    path = write(tmp_path, GOOD)
+    with pytest.raises(ConfigError, match="do not apply to 'gspo'"):
+        load_config(path, ["algorithm.name=gspo", "algorithm.cross_clip=false"])
+    assert load_config(path, ["algorithm.cross_clip=false"]).algorithm.cross_clip is False
+
+
+def test_hacpo_needs_two_agents(tmp_path):
+    path = write(tmp_path, GOOD)
+    with pytest.raises(ConfigError, match="needs at least 2"):
+        load_config(path, ["agents=[{name: a, model: tiny-qwen3}]"])
+
+
+def test_missing_file_and_bad_yaml(tmp_path):
+    with pytest.raises(ConfigError, match="config file not found"):
+        load_config(str(tmp_path / "nope.yaml"))
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(write(tmp_path, "run: [unclosed\n"))
+    with pytest.raises(ConfigError, match="top level must be a mapping"):
+        load_config(write(tmp_path, "- 1\n- 2\n"))
+
+
+def test_environment_variables_expand_in_paths(tmp_path, monkeypatch):
+    monkeypatch.setenv("HACPO_MODELS", "/models")
+    cfg = load_config(os.path.join(REPO, "configs", "paper", "qwen3-1.7b-base_qwen3-4b-base.yaml"))
+    assert cfg.agents[0].init_from == "/models/Qwen3-1.7B-Base"
+
+
+def test_bad_config_fails_fast_from_the_command_line(tmp_path):
+    path = write(tmp_path, GOOD.replace("alpha: 2.0", "alpha: 2.0\n  alhpa: 3"))
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "hacpo_megatron.config", "--config", path],
+                          capture_output=True, text=True, cwd=REPO)
+    assert time.monotonic() - start < 10
+    assert proc.returncode == 2
+    assert "algorithm.alhpa: unknown key" in proc.stderr

