@@ -1,0 +1,135 @@
+"""Built-in math tasks with exact integer answers, for runs with no downloaded data.
+
+Addressed as ``synthetic:<task>``, with optional difficulty settings:
+``synthetic:arithmetic?max_operand=50&num_operands=3``.
+
+Tasks (all answers are integers, a few characters long):
+  arithmetic        "What is 7 + 5?" -> 12. Operands 0..max_operand (default 20), num_operands (default 2),
+                    operators + and -. Short enough for tiny models (answers of 1-3 tokens).
+  arithmetic_mixed  "What is 3 * 4 + 5?" -> 17. Like arithmetic with * too and usual precedence; default
+                    3 operands of 0..9. The slightly harder task.
+  linear_equation   "Solve for x: 3x + 2 = 14" -> 4. x in -max_operand..max_operand (default 10).
+
+Splits. Every problem belongs to the held-out ("eval") or the training ("train") split by a hash (SHA-256)
+of its question text, EVAL_SHARE of them held out. So the splits are disjoint by construction and the
+same on every machine and run, whatever the settings (a harder setting is simply a different set of
+questions). Each split is a list of distinct problems drawn from a fixed seed; small problem spaces
+(arithmetic with operands 0..20 has 882 questions) yield all of their problems of that split.
+
+The supervised warm-up target of a problem is ``target_text(record)``: the bare answer ("12"), which
+``compute_score`` scores 1.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Tuple
+from urllib.parse import parse_qsl
+
+from hacpo_megatron.data.records import PromptRecord, user_prompt
+
+SPEC_PREFIX = "synthetic:"
+EVAL_SHARE = 0.2  # fraction of each task's question space held out for evaluation
+SPLIT_SIZES = {"train": 4096, "eval": 256}  # at most; small problem spaces give fewer
+SPLIT_SEEDS = {"train": 1, "eval": 2}
+EXHAUSTED_AFTER_DRAWS = 5000  # this many draws in a row with no new problem: a small space is used up
+
+Problem = Tuple[str, int]  # (question, answer)
+
+
+def _arithmetic(rng: random.Random, max_operand: int = 20, num_operands: int = 2) -> Problem:
+    return _expression_problem(rng, max_operand, num_operands, operators="+-")
+
+
+def _arithmetic_mixed(rng: random.Random, max_operand: int = 9, num_operands: int = 3) -> Problem:
+    return _expression_problem(rng, max_operand, num_operands, operators="+-*")
+
+
+def _expression_problem(rng: random.Random, max_operand: int, num_operands: int, operators: str) -> Problem:
+    terms = [str(rng.randint(0, max_operand))]
+    for _ in range(num_operands - 1):
+        terms += [rng.choice(operators), str(rng.randint(0, max_operand))]
+    expression = " ".join(terms)
+    # eval of our own digits-and-operators string: exact integer arithmetic with the usual precedence
+    return f"What is {expression}?", eval(expression, {"__builtins__": {}})
+
+
+def _linear_equation(rng: random.Random, max_operand: int = 10) -> Problem:
+    x = rng.randint(-max_operand, max_operand)
+    a = rng.randint(2, 9)
+    b = rng.randint(-max_operand, max_operand)
+    sign = "+" if b >= 0 else "-"
+    return f"Solve for x: {a}x {sign} {abs(b)} = {a * x + b}", x
+
+
+@dataclass(frozen=True)
+class SyntheticTask:
+    name: str
+    make_problem: Callable[..., Problem]
+    settings: Dict[str, int]
+
+    def problem(self, rng: random.Random) -> Problem:
+        return self.make_problem(rng, **self.settings)
+
+
+TASKS: Dict[str, Callable[..., Problem]] = {
+    "arithmetic": _arithmetic,
+    "arithmetic_mixed": _arithmetic_mixed,
+    "linear_equation": _linear_equation,
+}
+
+
+def parse_task_spec(spec: str) -> SyntheticTask:
+    """``"synthetic:arithmetic?max_operand=50"`` (or without the prefix) -> SyntheticTask."""
+    name, _, query = spec.removeprefix(SPEC_PREFIX).partition("?")
+    if name not in TASKS:
+        raise ValueError(f"{spec!r}: unknown synthetic task {name!r}; known: {sorted(TASKS)}")
+    make_problem = TASKS[name]
+    allowed = make_problem.__code__.co_varnames[1 : make_problem.__code__.co_argcount]
+    settings = {}
+    for key, value in parse_qsl(query, keep_blank_values=True, strict_parsing=bool(query)):
+        if key not in allowed:
+            raise ValueError(f"{spec!r}: task {name!r} has no setting {key!r}; settings: {list(allowed)}")
+        try:
+            settings[key] = int(value)
+        except ValueError:
+            raise ValueError(f"{spec!r}: setting {key!r} must be an integer, got {value!r}") from None
+        if settings[key] < 1:
+            raise ValueError(f"{spec!r}: setting {key!r} must be >= 1, got {value!r}")
+    return SyntheticTask(name, make_problem, settings)
+
+
+def split_of(question: str) -> str:
+    """'eval' or 'train': a fixed function of the question text, identical on every machine."""
+    bucket = int.from_bytes(hashlib.sha256(question.encode("utf-8")).digest()[:8], "big") / 2**64
+    return "eval" if bucket < EVAL_SHARE else "train"
+
+
+def load_synthetic(spec: str, split: str = "train", size: int | None = None) -> List[PromptRecord]:
+    """Distinct problems of one split of a synthetic task, always the same ones in the same order."""
+    if split not in SPLIT_SIZES:
+        raise ValueError(f"{spec!r}: split must be one of {sorted(SPLIT_SIZES)}, got {split!r}")
+    task = parse_task_spec(spec)
+    wanted = size if size is not None else SPLIT_SIZES[split]
+    rng = random.Random(f"{task.name}:{split}:{SPLIT_SEEDS[split]}")  # str seeds are hashed stably
+    problems: Dict[str, int] = {}  # question -> answer, in drawing order
+    draws_without_new = 0
+    while len(problems) < wanted and draws_without_new < EXHAUSTED_AFTER_DRAWS:
+        question, answer = task.problem(rng)
+        if split_of(question) == split and question not in problems:
+            problems[question] = answer
+            draws_without_new = 0
+        else:
+            draws_without_new += 1
+    source = SPEC_PREFIX + spec.removeprefix(SPEC_PREFIX)
+    return [
+        PromptRecord(f"{source}/{split}/{i}", user_prompt(question), str(answer), source, {"split": split})
+        for i, (question, answer) in enumerate(problems.items())
+    ]
+
+
+def target_text(record: PromptRecord) -> str:
+    """Supervised warm-up target: the bare integer answer, e.g. "12" (compute_score gives it 1)."""
+    return record.ground_truth
