@@ -1,0 +1,327 @@
+"""Megatron <-> Hugging Face weights for Qwen3, Qwen2/2.5 and Llama 3.x, in one place.
+
+A weight goes through three forms:
+
+    HF tensors  <-- to_hf / from_hf -->  full megatron tensor  <-- shard / unshard -->  TP shard
+    (q, k, v)                            (the TP=1 layout)                             (this rank)
+
+`TensorMap` names one weight in both worlds and its `Kind` says how the two conversions go:
+
+=========== ========================================== =========================================
+kind        full megatron tensor from HF               TP shard
+=========== ========================================== =========================================
+REPLICATED  the same tensor (norm weights)             the whole tensor on every TP rank
+COLUMN      the same tensor                            rows split in TP chunks
+ROW         the same tensor (o_proj, down_proj)        columns split in TP chunks
+QKV         per query group g: [q heads of g; k_g; v_g] rows split in TP chunks (= whole groups)
+            i.e. [ng, (q_per_group + 2) * head_dim, h]
+GATED       [gate; up] (SwiGLU fc1)                    [gate chunk r; up chunk r]
+VOCAB       rows padded with zeros to megatron's        rows split in TP chunks
+            padded vocabulary (embedding, lm_head)
+=========== ========================================== =========================================
+
+Pipeline parallelism only decides which stage holds a layer: local layer i of a stage is global
+layer `layer.layer_number - 1`. The layer norms of the TE spec live inside the fused linear
+(`linear_qkv.layer_norm_weight`, `linear_fc1.layer_norm_weight`); a `TensorMap` lists both names.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
+
+import torch
+import torch.distributed as dist
+
+from hacpo_megatron.models.architectures import Architecture, HFConfig, read_architecture
+from hacpo_megatron.models.build import padded_vocab_size
+from hacpo_megatron.parallel.groups import AgentParallel
+
+
+class Kind(enum.Enum):
+    REPLICATED = "replicated"
+    COLUMN = "column"
+    ROW = "row"
+    QKV = "qkv"
+    GATED = "gated"
+    VOCAB = "vocab"
+
+
+@dataclass(frozen=True)
+class TensorMap:
+    megatron: Tuple[str, ...]  # alternative names (local spec first, TE spec second); one exists
+    hf: Tuple[str, ...]  # the HF tensors that make up the megatron tensor, in order
+    kind: Kind
+
+
+# ------------------------------------------------------------------------------------------------
+# The name tables
+# ------------------------------------------------------------------------------------------------
+def layer_tensor_maps(arch: Architecture) -> List[TensorMap]:
+    """One decoder layer; names relative to `decoder.layers.{i}.` and `model.layers.{i}.`."""
+    maps = [
+        TensorMap(("input_layernorm.weight", "self_attention.linear_qkv.layer_norm_weight"),
+                  ("input_layernorm.weight",), Kind.REPLICATED),
+        TensorMap(("self_attention.linear_qkv.weight",),
+                  ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"), Kind.QKV),
+        TensorMap(("self_attention.linear_proj.weight",), ("self_attn.o_proj.weight",), Kind.ROW),
+        TensorMap(("pre_mlp_layernorm.weight", "mlp.linear_fc1.layer_norm_weight"),
+                  ("post_attention_layernorm.weight",), Kind.REPLICATED),
+        TensorMap(("mlp.linear_fc1.weight",), ("mlp.gate_proj.weight", "mlp.up_proj.weight"), Kind.GATED),
+        TensorMap(("mlp.linear_fc2.weight",), ("mlp.down_proj.weight",), Kind.ROW),
+    ]
+    if arch.qkv_bias:  # Qwen2
+        maps.append(TensorMap(("self_attention.linear_qkv.bias",),
+                              ("self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias"), Kind.QKV))
+    if arch.qk_layernorm:  # Qwen3: RMSNorm over each head's head_dim, shared by all heads
+        maps.append(TensorMap(("self_attention.q_layernorm.weight",), ("self_attn.q_norm.weight",), Kind.REPLICATED))
+        maps.append(TensorMap(("self_attention.k_layernorm.weight",), ("self_attn.k_norm.weight",), Kind.REPLICATED))
+    return maps
+
+
+EMBEDDING = TensorMap(("embedding.word_embeddings.weight",), ("model.embed_tokens.weight",), Kind.VOCAB)
+FINAL_NORM = TensorMap(("decoder.final_layernorm.weight",), ("model.norm.weight",), Kind.REPLICATED)
+
+
+def output_layer_map(arch: Architecture) -> TensorMap:
+    # Tied: the last stage's output layer (its own copy when PP > 1) is HF's embedding.
+    hf = "model.embed_tokens.weight" if arch.tie_word_embeddings else "lm_head.weight"
+    return TensorMap(("output_layer.weight",), (hf,), Kind.VOCAB)
+
+
+def _hf_layer(i: int, name: str) -> str:
+    return f"model.layers.{i}.{name}"
+
+
+# ------------------------------------------------------------------------------------------------
+# The math: HF <-> full megatron tensor <-> TP shard (pure functions on tensors)
+# ------------------------------------------------------------------------------------------------
+def to_megatron(kind: Kind, hf: Sequence[torch.Tensor], arch: Architecture, padded_vocab: int) -> torch.Tensor:
+    """The full (TP=1) megatron tensor from its HF tensors."""
+    if kind is Kind.QKV:
+        q, k, v = hf
+        groups = arch.num_query_groups
+        per_group = [t.reshape(groups, -1, *t.shape[1:]) for t in (q, k, v)]
+        return torch.cat(per_group, dim=1).reshape(-1, *q.shape[1:])
+    if kind is Kind.GATED:
+        return torch.cat(list(hf), dim=0)
+    (tensor,) = hf
+    if kind is Kind.VOCAB:
+        padding = tensor.new_zeros(padded_vocab - tensor.shape[0], *tensor.shape[1:])
+        return torch.cat([tensor, padding], dim=0)
+    return tensor
+
+
+def to_hf(kind: Kind, full: torch.Tensor, arch: Architecture) -> List[torch.Tensor]:
+    """The HF tensors of a full (TP=1) megatron tensor; inverse of `to_megatron`."""
+    if kind is Kind.QKV:
+        groups, head_dim = arch.num_query_groups, arch.head_dim
+        q_rows = arch.num_attention_heads // groups * head_dim
+        per_group = full.reshape(groups, q_rows + 2 * head_dim, *full.shape[1:])
+        q, k, v = torch.split(per_group, [q_rows, head_dim, head_dim], dim=1)
+        return [t.reshape(-1, *full.shape[1:]) for t in (q, k, v)]
+    if kind is Kind.GATED:
+        return list(torch.chunk(full, 2, dim=0))
+    if kind is Kind.VOCAB:
+        return [full[: arch.vocab_size]]
+    return [full]
+
+
+def shard(kind: Kind, full: torch.Tensor, tp_rank: int, tp_size: int) -> torch.Tensor:
+    """TP rank `tp_rank`'s part of a full megatron tensor."""
+    if kind is Kind.REPLICATED:
+        return full
+    if kind is Kind.ROW:
+        return torch.chunk(full, tp_size, dim=1)[tp_rank]
+    if kind is Kind.GATED:
+        gate, up = torch.chunk(full, 2, dim=0)
+        return torch.cat([torch.chunk(gate, tp_size, dim=0)[tp_rank], torch.chunk(up, tp_size, dim=0)[tp_rank]])
+    return torch.chunk(full, tp_size, dim=0)[tp_rank]  # COLUMN, QKV (whole groups), VOCAB
+
+
+def unshard(kind: Kind, shards: Sequence[torch.Tensor]) -> torch.Tensor:
+    """The full megatron tensor from all TP ranks' parts, in TP rank order; inverse of `shard`."""
+    if kind is Kind.REPLICATED:
+        return shards[0]
+    if kind is Kind.ROW:
+        return torch.cat(list(shards), dim=1)
+    if kind is Kind.GATED:
+        halves = [torch.chunk(s, 2, dim=0) for s in shards]
+        return torch.cat([h[0] for h in halves] + [h[1] for h in halves], dim=0)
+    return torch.cat(list(shards), dim=0)
+
+
+def full_shape(kind: Kind, local: torch.Tensor, tp_size: int) -> Tuple[int, ...]:
+    """The full megatron shape of a TP shard."""
+    shape = list(local.shape)
+    if kind is Kind.ROW:
+        shape[1] *= tp_size
+    elif kind is not Kind.REPLICATED:
+        shape[0] *= tp_size
+    return tuple(shape)
+
+
+# ------------------------------------------------------------------------------------------------
+# Which tensors this rank holds
+# ------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class LocalTensor:
+    """A parameter of this rank's model and where it comes from in HF."""
+
+    megatron_name: str
+    hf_names: Tuple[str, ...]
+    kind: Kind
+    parameter: torch.nn.Parameter
+
+
+def local_tensors(model: Any, arch: Architecture) -> List[LocalTensor]:
+    """Every parameter of this rank's stage with its HF source, in HF order."""
+    params = dict(model.named_parameters())
+    found: List[LocalTensor] = []
+
+    def add(tensor_map: TensorMap, prefix: str, hf_name: Callable[[str], str]) -> None:
+        for name in tensor_map.megatron:
+            if prefix + name in params:
+                found.append(LocalTensor(prefix + name, tuple(hf_name(n) for n in tensor_map.hf),
+                                         tensor_map.kind, params[prefix + name]))
+                return
+        raise KeyError(f"none of {[prefix + n for n in tensor_map.megatron]} in the model")
+
+    if "embedding.word_embeddings.weight" in params:
+        add(EMBEDDING, "", lambda n: n)
+    for local_index, layer in enumerate(model.decoder.layers):
+        global_index = layer.layer_number - 1
+        for tensor_map in layer_tensor_maps(arch):
+            add(tensor_map, f"decoder.layers.{local_index}.", lambda n, i=global_index: _hf_layer(i, n))
+    if "decoder.final_layernorm.weight" in params:
+        add(FINAL_NORM, "", lambda n: n)
+    if "output_layer.weight" in params:  # absent when tied on a single stage (the embedding is used)
+        add(output_layer_map(arch), "", lambda n: n)
+
+    mapped = {t.megatron_name for t in found}
+    unmapped = [n for n in params if n not in mapped]
+    if unmapped:
+        raise KeyError(f"parameters without a HF mapping: {unmapped}")
+    return found
+
+
+# ------------------------------------------------------------------------------------------------
+# Load: full HF tensors -> this rank's shards
+# ------------------------------------------------------------------------------------------------
+@torch.no_grad()
+def load_hf_state_dict_into_model(
+    model: Any, hf_state_dict: Mapping[str, torch.Tensor], hf_config: HFConfig, agent_parallel: AgentParallel
+) -> None:
+    """Copy this rank's TP shard of this stage's layers from FULL HF tensors into `model`.
+
+    Not collective: every member rank reads what it needs from `hf_state_dict` (e.g. a lazily
+    loaded safetensors mapping). Padded vocabulary rows become zeros.
+    """
+    arch = read_architecture(hf_config)
+    padded = padded_vocab_size(arch.vocab_size, agent_parallel.tp_size)
+    for tensor in local_tensors(model, arch):
+        missing = [n for n in tensor.hf_names if n not in hf_state_dict]
+        if missing:
+            raise KeyError(f"{tensor.megatron_name} needs {missing}, not in the HF state dict")
+        full = to_megatron(tensor.kind, [hf_state_dict[n] for n in tensor.hf_names], arch, padded)
+        local = shard(tensor.kind, full, agent_parallel.tp_rank, agent_parallel.tp_size)
+        if local.shape != tensor.parameter.shape:
+            raise ValueError(f"{tensor.megatron_name}: HF gives {tuple(local.shape)} for this rank, "
+                             f"the model has {tuple(tensor.parameter.shape)}")
+        tensor.parameter.copy_(local.to(tensor.parameter.dtype))
+
+
+# ------------------------------------------------------------------------------------------------
+# Export: this agent's shards -> full HF tensors on one rank, one tensor at a time
+# ------------------------------------------------------------------------------------------------
+def _hf_tensor_owners(arch: Architecture, agent_parallel: AgentParallel) -> List[Tuple[str, int]]:
+    """Every megatron tensor as (HF key of its first tensor, owning pipeline stage), in HF order.
+
+    Known on every rank without communication: layers are split evenly over stages.
+    """
+    layers_per_stage = arch.num_layers // agent_parallel.pp_size
+    owners = [(EMBEDDING.hf[0], 0)]
+    for i in range(arch.num_layers):
+        for tensor_map in layer_tensor_maps(arch):
+            owners.append((_hf_layer(i, tensor_map.hf[0]), i // layers_per_stage))
+    owners.append((FINAL_NORM.hf[0], agent_parallel.pp_size - 1))
+    if not arch.tie_word_embeddings:
+        owners.append(("lm_head.weight", agent_parallel.pp_size - 1))
+    return owners
+
+
+@torch.no_grad()
+def iter_hf_tensors(
+    model: Any,
+    hf_config: HFConfig,
+    agent_parallel: AgentParallel,
+    *,
+    tensor_of: Callable[[torch.nn.Parameter], Optional[torch.Tensor]] = lambda p: p.detach(),
+    dst_rank: Optional[int] = None,
+) -> Iterator[Tuple[str, torch.Tensor]]:
+    """Yield (HF name, full tensor) on `dst_rank` (default: the agent's first rank), in HF order.
+
+    Collective over the agent's data-parallel replica 0: call on every member rank and exhaust the
+    iterator (other ranks yield nothing). Per tensor: the owning stage all-gathers its TP shards,
+    its TP rank 0 sends the full tensor to `dst_rank`; at most one full tensor is in flight, so this
+    also streams weights to a rollout engine. `tensor_of` picks what to export (`p.grad` exports
+    gradients).
+    """
+    arch = read_architecture(hf_config)
+    if dst_rank is None:
+        dst_rank = agent_parallel.ranks[0]
+    if agent_parallel.dp_rank != 0:
+        return
+    # Keyed by HF name. A tied last stage (PP > 1) keys its output-layer copy under the embedding's
+    # name too; the owner table sends that name to stage 0, so the copy is never exported.
+    mine = {t.hf_names[0]: t for t in local_tensors(model, arch)}
+    for first_hf_name, stage in _hf_tensor_owners(arch, agent_parallel):
+        owner = agent_parallel.global_rank_of(tp_rank=0, dp_rank=0, pp_rank=stage)
+        full: Optional[torch.Tensor] = None
+        kind: Optional[Kind] = None
+        hf_names: Tuple[str, ...] = ()
+        if agent_parallel.pp_rank == stage:
+            local = mine[first_hf_name]
+            kind, hf_names = local.kind, local.hf_names
+            full = _gather_tp(local.kind, tensor_of(local.parameter), agent_parallel)
+        if dst_rank != owner:
+            full, kind, hf_names = _send_to(dst_rank, owner, full, kind, hf_names, agent_parallel)
+        if agent_parallel.rank == dst_rank:
+            for name, tensor in zip(hf_names, to_hf(kind, full, arch)):
+                yield name, tensor.clone()
+
+
+def export_hf_state_dict(model: Any, hf_config: HFConfig, agent_parallel: AgentParallel,
+                         **kwargs: Any) -> Dict[str, torch.Tensor]:
+    """All HF tensors on `dst_rank` (default: the agent's first rank); {} elsewhere. See `iter_hf_tensors`."""
+    return dict(iter_hf_tensors(model, hf_config, agent_parallel, **kwargs))
+
+
+def _gather_tp(kind: Kind, local: torch.Tensor, agent_parallel: AgentParallel) -> torch.Tensor:
+    if kind is Kind.REPLICATED or agent_parallel.tp_size == 1:
+        return local
+    parts = [torch.empty_like(local) for _ in range(agent_parallel.tp_size)]
+    dist.all_gather(parts, local.contiguous(), group=agent_parallel.tp_group)
+    return unshard(kind, parts)
+
+
+def _send_to(dst_rank: int, owner: int, full: Optional[torch.Tensor], kind: Optional[Kind],
+             hf_names: Tuple[str, ...], agent_parallel: AgentParallel):
+    """Point-to-point from the owning stage's TP rank 0 to `dst_rank`, with a small header first."""
+    rank = agent_parallel.rank
+    if rank == owner:
+        header = [list(full.shape), str(full.dtype), kind.value, list(hf_names)]
+        dist.send_object_list([header], dst=dst_rank)
+        dist.send(full.contiguous(), dst=dst_rank)
+    elif rank == dst_rank:
+        received: List[Any] = [None]
+        dist.recv_object_list(received, src=owner)
+        shape, dtype, kind_value, names = received[0]
+        full = torch.empty(shape, dtype=getattr(torch, dtype.replace("torch.", "")), device=_device())
+        dist.recv(full, src=owner)
+        return full, Kind(kind_value), tuple(names)
+    return full, kind, hf_names
+
+
+def _device() -> torch.device:
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")

@@ -1,0 +1,247 @@
+"""Hugging Face config -> megatron `TransformerConfig` + layer spec, for the supported decoder families.
+
+The three families differ in only a few switches; everything else (pre-norm RMSNorm, SwiGLU MLP,
+grouped-query attention, rotary embeddings, no linear biases) is shared:
+
+=============  ========  ========  ===========================  =========================
+family         qkv bias  QK-norm   RoPE                          tied embeddings
+=============  ========  ========  ===========================  =========================
+Qwen3          no        yes       plain, base `rope_theta`      per config
+Qwen2 / 2.5    yes       no        plain, base `rope_theta`      per config
+Llama 3.x      no        no        llama3 frequency scaling      per config (3.2-1B/3B: yes)
+=============  ========  ========  ===========================  =========================
+
+`read_architecture` reduces a HF config (a dict in either transformers 4.x style, `rope_theta` /
+`rope_scaling`, or 5.x style, `rope_parameters`, or a `PretrainedConfig`) to an `Architecture`: the
+numbers a megatron model needs, with transformers' own defaults filled in.
+"""
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+from typing import Any, Dict, Mapping, Optional, Union
+
+import torch
+
+from hacpo_megatron.models import cpu_compat
+from hacpo_megatron.models.presets import SUPPORTED_ARCHITECTURES
+
+# HF `architectures[0]` -> (family, qkv bias, QK-norm)
+_FAMILIES = {
+    "Qwen3ForCausalLM": ("qwen3", False, True),
+    "Qwen2ForCausalLM": ("qwen2", True, False),
+    "LlamaForCausalLM": ("llama", False, False),
+}
+assert set(_FAMILIES) == set(SUPPORTED_ARCHITECTURES)
+
+_MODEL_TYPE_TO_ARCHITECTURE = {"qwen3": "Qwen3ForCausalLM", "qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM"}
+
+
+@dataclass(frozen=True)
+class Llama3RopeScaling:
+    """HF `rope_type: llama3`: long wavelengths divided by `factor`, a smooth ramp in between."""
+
+    factor: float
+    low_freq_factor: float
+    high_freq_factor: float
+    original_max_position_embeddings: int
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """What a megatron GPT model needs to know about a HF decoder."""
+
+    hf_architecture: str  # e.g. "Qwen3ForCausalLM"
+    family: str  # qwen3 | qwen2 | llama
+    num_layers: int
+    hidden_size: int
+    ffn_hidden_size: int
+    num_attention_heads: int
+    num_query_groups: int  # key/value heads
+    head_dim: int
+    vocab_size: int  # the tokenizer's / HF embedding's rows, before megatron's padding
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: Optional[Llama3RopeScaling]
+    tie_word_embeddings: bool
+    qkv_bias: bool
+    qk_layernorm: bool
+    max_position_embeddings: int
+
+
+HFConfig = Union[Mapping[str, Any], "transformers.PretrainedConfig"]  # noqa: F821
+
+
+def supported_architectures_message() -> str:
+    return "supported architectures: " + ", ".join(SUPPORTED_ARCHITECTURES)
+
+
+def normalized_hf_config(hf_config: HFConfig) -> "transformers.PretrainedConfig":  # noqa: F821
+    """The transformers config object for a dict, with transformers' defaults and 5.x rope fields."""
+    import transformers
+
+    if isinstance(hf_config, transformers.PretrainedConfig):
+        return hf_config
+    values: Dict[str, Any] = dict(hf_config)
+    architecture = _hf_architecture_name(values)
+    model_type = values.pop("model_type", None) or {v: k for k, v in _MODEL_TYPE_TO_ARCHITECTURE.items()}[architecture]
+    return transformers.AutoConfig.for_model(model_type, **values)
+
+
+def _hf_architecture_name(values: Mapping[str, Any]) -> str:
+    names = list(values.get("architectures") or [])
+    if not names and values.get("model_type") in _MODEL_TYPE_TO_ARCHITECTURE:
+        names = [_MODEL_TYPE_TO_ARCHITECTURE[values["model_type"]]]
+    for name in names:
+        if name in _FAMILIES:
+            return name
+    raise ValueError(f"unsupported architecture {names or values.get('model_type')!r}; "
+                     + supported_architectures_message())
+
+
+def _rope(config: Any) -> tuple[float, Optional[Llama3RopeScaling]]:
+    """RoPE base and scaling from 5.x `rope_parameters` or 4.x `rope_theta`/`rope_scaling`."""
+    params = dict(getattr(config, "rope_parameters", None) or {})
+    legacy_scaling = getattr(config, "rope_scaling", None)
+    if legacy_scaling:
+        params = {**dict(legacy_scaling), **params}
+    theta = float(params.get("rope_theta", getattr(config, "rope_theta", None) or 10000.0))
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    if rope_type == "default":
+        return theta, None
+    if rope_type == "llama3":
+        return theta, Llama3RopeScaling(
+            factor=float(params["factor"]),
+            low_freq_factor=float(params.get("low_freq_factor", 1.0)),
+            high_freq_factor=float(params.get("high_freq_factor", 4.0)),
+            original_max_position_embeddings=int(params.get("original_max_position_embeddings", 8192)),
+        )
+    raise ValueError(f"unsupported rope_type {rope_type!r} (supported: default, llama3)")
+
+
+def read_architecture(hf_config: HFConfig) -> Architecture:
+    """Reduce a HF config to the numbers a megatron model needs. ValueError if unsupported."""
+    import transformers
+
+    values = hf_config.to_dict() if isinstance(hf_config, transformers.PretrainedConfig) else dict(hf_config)
+    hf_architecture = _hf_architecture_name(values)
+    family, qkv_bias, qk_layernorm = _FAMILIES[hf_architecture]
+    config = normalized_hf_config(hf_config)
+    if getattr(config, "use_sliding_window", False):
+        raise ValueError(f"{hf_architecture} with use_sliding_window=True is not supported")
+    if family == "llama" and (getattr(config, "attention_bias", False) or getattr(config, "mlp_bias", False)):
+        raise ValueError("Llama with attention_bias/mlp_bias is not supported")
+    if getattr(config, "hidden_act", "silu") != "silu":
+        raise ValueError(f"hidden_act {config.hidden_act!r} is not supported (SwiGLU with silu only)")
+    heads = int(config.num_attention_heads)
+    rope_theta, rope_scaling = _rope(config)
+    return Architecture(
+        hf_architecture=hf_architecture,
+        family=family,
+        num_layers=int(config.num_hidden_layers),
+        hidden_size=int(config.hidden_size),
+        ffn_hidden_size=int(config.intermediate_size),
+        num_attention_heads=heads,
+        num_query_groups=int(getattr(config, "num_key_value_heads", None) or heads),
+        head_dim=int(getattr(config, "head_dim", None) or config.hidden_size // heads),
+        vocab_size=int(config.vocab_size),
+        rms_norm_eps=float(config.rms_norm_eps),
+        rope_theta=rope_theta,
+        rope_scaling=rope_scaling,
+        tie_word_embeddings=bool(config.tie_word_embeddings),
+        qkv_bias=qkv_bias,
+        qk_layernorm=qk_layernorm,
+        max_position_embeddings=int(config.max_position_embeddings),
+    )
+
+
+def transformer_engine_available() -> bool:
+    """TE layers need both the package and a GPU (TE does not import without CUDA/cuDNN)."""
+    if not torch.cuda.is_available() or importlib.util.find_spec("transformer_engine") is None:
+        return False
+    try:
+        import transformer_engine.pytorch  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+def default_params_dtype() -> torch.dtype:
+    """bf16 on GPU (what the rollout engines and RL frameworks use), fp32 on CPU (no fast bf16 matmul)."""
+    return torch.bfloat16 if torch.cuda.is_available() else torch.float32
+
+
+def transformer_config(
+    arch: Architecture,
+    *,
+    tensor_parallel: int = 1,
+    pipeline_parallel: int = 1,
+    params_dtype: Optional[torch.dtype] = None,
+    **overrides: Any,
+) -> "megatron.core.transformer.TransformerConfig":  # noqa: F821
+    """The megatron `TransformerConfig` of `arch` for one TP x PP layout.
+
+    `pipeline_model_parallel_size` must be set here: with the default (1) every stage builds all the
+    layers. Dropout is off (RL log-prob ratios must be deterministic). On CPU: fp32 and CPU
+    initialisation. Fusions only where TE is (they are CUDA kernels shipped with TE/apex).
+    """
+    cpu_compat.apply()
+    import torch.nn.functional as F
+    from megatron.core.transformer import TransformerConfig
+
+    on_gpu = torch.cuda.is_available()
+    fused = transformer_engine_available()  # megatron's fused kernels come with TE/apex builds
+    dtype = params_dtype or default_params_dtype()
+    settings: Dict[str, Any] = dict(
+        num_layers=arch.num_layers,
+        hidden_size=arch.hidden_size,
+        ffn_hidden_size=arch.ffn_hidden_size,
+        num_attention_heads=arch.num_attention_heads,
+        num_query_groups=arch.num_query_groups,
+        kv_channels=arch.head_dim,
+        normalization="RMSNorm",
+        layernorm_epsilon=arch.rms_norm_eps,
+        gated_linear_unit=True,  # SwiGLU: fc1 = [gate; up], silu(gate) * up
+        activation_func=F.silu,
+        add_bias_linear=False,
+        add_qkv_bias=arch.qkv_bias,
+        qk_layernorm=arch.qk_layernorm,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        tensor_model_parallel_size=tensor_parallel,
+        pipeline_model_parallel_size=pipeline_parallel,
+        sequence_parallel=False,
+        # Micro-batches of different [seq, batch] shapes: pipeline stages exchange shapes first.
+        variable_seq_lengths=pipeline_parallel > 1,
+        # No experts here, but TransformerConfig refuses variable_seq_lengths with the default
+        # "allgather" MoE dispatcher even for dense models.
+        moe_token_dispatcher_type="alltoall",
+        params_dtype=dtype,
+        bf16=dtype == torch.bfloat16,
+        fp16=dtype == torch.float16,
+        pipeline_dtype=dtype,
+        use_cpu_initialization=not on_gpu,
+        bias_activation_fusion=fused,
+        masked_softmax_fusion=fused,
+        persist_layer_norm=fused,
+        bias_dropout_fusion=fused,
+        apply_rope_fusion=False,
+        gradient_accumulation_fusion=False,  # needs apex/TE fused wgrad kernels
+    )
+    settings.update(overrides)
+    return TransformerConfig(**settings)
+
+
+def layer_spec(arch: Architecture, *, use_transformer_engine: Optional[bool] = None) -> "ModuleSpec":  # noqa: F821
+    """Transformer Engine layers where TE works, megatron's local (torch) layers otherwise."""
+    cpu_compat.apply()
+    from megatron.core.models.gpt.gpt_layer_specs import (
+        get_gpt_layer_local_spec,
+        get_gpt_layer_with_transformer_engine_spec,
+    )
+
+    if use_transformer_engine is None:
+        use_transformer_engine = transformer_engine_available()
+    if use_transformer_engine:
+        return get_gpt_layer_with_transformer_engine_spec(qk_layernorm=arch.qk_layernorm)
+    return get_gpt_layer_local_spec(qk_layernorm=arch.qk_layernorm, normalization="RMSNorm")

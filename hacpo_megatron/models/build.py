@@ -1,0 +1,150 @@
+"""Build one agent's megatron GPT model (this rank's pipeline stage, this rank's TP shard).
+
+    groups = create_agent_groups(cfg.agents)                  # collective, every rank
+    for agent_cfg, parallel in zip(cfg.agents, groups):
+        if parallel.is_member:
+            agent = build_agent_model(load_hf_config_dict(agent_cfg.model), parallel, seed=cfg.run.seed)
+
+The model is a plain `GPTModel` (no DDP wrapper): training wraps it, inference uses it as is.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+
+from hacpo_megatron.models import cpu_compat
+from hacpo_megatron.models.architectures import (
+    Architecture,
+    HFConfig,
+    layer_spec,
+    read_architecture,
+    transformer_config,
+)
+from hacpo_megatron.parallel.groups import AgentParallel
+
+# Megatron pads the vocabulary so each TP shard of the embedding/output has a multiple of 128 rows
+# (`--make-vocab-size-divisible-by 128`): aligned GEMMs, and every TP shard the same size.
+VOCAB_MULTIPLE = 128
+
+
+def padded_vocab_size(vocab_size: int, tensor_parallel: int, multiple: int = VOCAB_MULTIPLE) -> int:
+    """The smallest multiple of `multiple * tensor_parallel` that holds `vocab_size` rows."""
+    step = multiple * tensor_parallel
+    return -(-vocab_size // step) * step
+
+
+@dataclass
+class AgentModel:
+    """One agent's model on this rank and what the rest of the code needs to know about it."""
+
+    model: Any  # megatron GPTModel: this rank's pipeline stage and TP shard
+    arch: Architecture
+    parallel: AgentParallel
+    padded_vocab_size: int  # rows of the embedding/output layer across all TP shards
+
+    @property
+    def config(self) -> Any:
+        """The model's megatron TransformerConfig."""
+        return self.model.config
+
+    @property
+    def vocab_size(self) -> int:
+        """The true vocabulary; rows beyond it are padding and never receive probability."""
+        return self.arch.vocab_size
+
+
+def seed_model_parallel_rng(seed: int, parallel: AgentParallel) -> None:
+    """Seed the CPU generator and megatron's tensor-parallel RNG tracker for one agent.
+
+    Like megatron's `pretrain`: each pipeline stage gets `seed + 100 * pp_rank` (stages draw
+    different layers); all TP ranks of a stage share it, because with CPU initialisation every TP
+    rank draws the full weight and keeps its slice. The tracker gives TP ranks distinct streams for
+    tensor-parallel dropout/initialisation (`model_parallel_cuda_manual_seed`).
+    """
+    cpu_compat.apply()
+    from megatron.core import tensor_parallel
+
+    stage_seed = seed + 100 * parallel.pp_rank
+    torch.manual_seed(stage_seed)  # also seeds CUDA where present
+    tensor_parallel.model_parallel_cuda_manual_seed(
+        stage_seed, tp_rank=parallel.tp_rank, ep_rank=0, etp_rank=parallel.tp_rank, force_reset_rng=True
+    )
+
+
+def check_layout(arch: Architecture, parallel: AgentParallel) -> None:
+    """ValueError if the model cannot be split this way (heads over TP, layers over PP)."""
+    tp, pp = parallel.tp_size, parallel.pp_size
+    if arch.num_attention_heads % tp or arch.num_query_groups % tp:
+        raise ValueError(f"{parallel.name}: TP={tp} must divide attention heads ({arch.num_attention_heads}) "
+                         f"and key/value heads ({arch.num_query_groups})")
+    if arch.num_layers % pp:
+        raise ValueError(f"{parallel.name}: PP={pp} must divide the number of layers ({arch.num_layers})")
+
+
+def build_agent_model(
+    hf_config: HFConfig,
+    parallel: AgentParallel,
+    *,
+    seed: int = 1234,
+    params_dtype: Optional[torch.dtype] = None,
+    use_transformer_engine: Optional[bool] = None,
+    **config_overrides: Any,
+) -> AgentModel:
+    """This rank's part of the agent's GPTModel, randomly initialised (load weights afterwards).
+
+    Call only on the agent's members; not collective beyond the agent (tied embeddings with PP > 1
+    all-reduce the output-layer copy over the agent's embedding group).
+    """
+    cpu_compat.apply()
+    from megatron.core.models.gpt import GPTModel
+
+    if not parallel.is_member:
+        raise RuntimeError(f"rank {parallel.rank} builds no part of agent {parallel.name!r}")
+    arch = read_architecture(hf_config)
+    check_layout(arch, parallel)
+    seed_model_parallel_rng(seed, parallel)
+    config = transformer_config(
+        arch, tensor_parallel=parallel.tp_size, pipeline_parallel=parallel.pp_size,
+        params_dtype=params_dtype, **config_overrides,
+    )
+    vocab = padded_vocab_size(arch.vocab_size, parallel.tp_size)
+    model = GPTModel(
+        config=config,
+        transformer_layer_spec=layer_spec(arch, use_transformer_engine=use_transformer_engine),
+        vocab_size=vocab,
+        max_sequence_length=arch.max_position_embeddings,
+        pre_process=parallel.is_first_stage,
+        post_process=parallel.is_last_stage,
+        parallel_output=True,  # logits stay split over TP: log-probs are computed vocab-parallel
+        share_embeddings_and_output_weights=arch.tie_word_embeddings,
+        position_embedding_type="rope",
+        rotary_base=arch.rope_theta,
+        rope_scaling=False,  # llama3 scaling is applied below with all four HF parameters
+        pg_collection=parallel.pg_collection,
+    )
+    _apply_llama3_rope_scaling(model, arch)
+    if torch.cuda.is_available():
+        model.cuda(torch.cuda.current_device())
+    return AgentModel(model=model, arch=arch, parallel=parallel, padded_vocab_size=vocab)
+
+
+def _apply_llama3_rope_scaling(model: Any, arch: Architecture) -> None:
+    """Rescale RoPE frequencies as HF's `rope_type: llama3` does.
+
+    GPTModel(rope_scaling=True) passes only `factor` and fixes low/high_freq_factor (1, 4) and
+    original_max_position_embeddings (8192) to Llama 3.1's values; calling its `_apply_scaling` (the
+    HF formula) with the config's own values covers every llama3-scaled checkpoint.
+    """
+    scaling = arch.rope_scaling
+    if scaling is None:
+        return
+    rotary = model.rotary_pos_emb
+    rotary.inv_freq = rotary._apply_scaling(
+        rotary.inv_freq,
+        factor=scaling.factor,
+        low_freq_factor=scaling.low_freq_factor,
+        high_freq_factor=scaling.high_freq_factor,
+        original_max_position_embeddings=scaling.original_max_position_embeddings,
+    )

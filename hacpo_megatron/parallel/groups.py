@@ -1,0 +1,242 @@
+"""Per-agent process groups inside one torchrun world, without megatron's global parallel state.
+
+Every agent is its own megatron model with its own TP x PP x DP layout on its own block of global
+ranks (`layout.agent_rank_ranges`). Megatron's `initialize_model_parallel` can describe only ONE
+layout per process, so it is never called; instead each agent gets a `ProcessGroupCollection`
+built from a `HyperCommGrid` over its ranks, and every megatron call that communicates is handed
+that collection (or one of its groups) explicitly. See docs/parallelism.md for the decision.
+
+Rank order inside an agent is megatron's default "tp-cp-dp-pp" (TP fastest, PP slowest):
+    agent_rank = tp_rank + TP * (cp_rank + CP * (dp_rank + DP * pp_rank))
+
+Group creation is collective over the WHOLE world (torch's `new_group`), so every rank builds
+every agent's groups, in config order, even for agents it is not part of.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import torch
+import torch.distributed as dist
+
+from hacpo_megatron.config.schema import AgentConfig
+from hacpo_megatron.models import cpu_compat
+from hacpo_megatron.parallel.layout import agent_rank_ranges
+
+# The decoder grid's dimensions, fastest-varying first (megatron's `order="tp-cp-ep-dp-pp"` without ep).
+_GRID_DIMS = ["tp", "cp", "dp", "pp"]
+
+
+@dataclass(frozen=True)
+class AgentParallel:
+    """One agent's place in the world: its ranks, layout, and (on its members) its process groups."""
+
+    name: str
+    ranks: Tuple[int, ...]  # global ranks, agent rank order
+    tp_size: int
+    pp_size: int
+    dp_size: int
+    rank: int  # this process's global rank
+    pg_collection: Optional[Any]  # megatron ProcessGroupCollection; None where not a member
+
+    @property
+    def is_member(self) -> bool:
+        return self.rank in self.ranks
+
+    @property
+    def agent_rank(self) -> int:
+        """This rank's index inside the agent (0 .. world_size-1)."""
+        self._require_member()
+        return self.ranks.index(self.rank)
+
+    @property
+    def world_size(self) -> int:
+        return len(self.ranks)
+
+    @property
+    def tp_rank(self) -> int:
+        return self.agent_rank % self.tp_size
+
+    @property
+    def dp_rank(self) -> int:
+        return (self.agent_rank // self.tp_size) % self.dp_size
+
+    @property
+    def pp_rank(self) -> int:
+        return self.agent_rank // (self.tp_size * self.dp_size)
+
+    @property
+    def is_first_stage(self) -> bool:
+        return self.pp_rank == 0
+
+    @property
+    def is_last_stage(self) -> bool:
+        return self.pp_rank == self.pp_size - 1
+
+    @property
+    def is_output_rank(self) -> bool:
+        """The one rank per data-parallel replica that reports results (last stage, TP rank 0)."""
+        return self.is_last_stage and self.tp_rank == 0
+
+    def global_rank_of(self, *, tp_rank: int, dp_rank: int, pp_rank: int) -> int:
+        return self.ranks[tp_rank + self.tp_size * (dp_rank + self.dp_size * pp_rank)]
+
+    @property
+    def tp_group(self) -> dist.ProcessGroup:
+        return self._groups().tp
+
+    @property
+    def pp_group(self) -> dist.ProcessGroup:
+        return self._groups().pp
+
+    @property
+    def dp_group(self) -> dist.ProcessGroup:
+        return self._groups().dp
+
+    @property
+    def model_parallel_group(self) -> dist.ProcessGroup:
+        """TP x PP: all ranks holding one copy of the model."""
+        return self._groups().mp
+
+    def _groups(self) -> Any:
+        self._require_member()
+        return self.pg_collection
+
+    def _require_member(self) -> None:
+        if not self.is_member:
+            raise RuntimeError(f"rank {self.rank} is not a member of agent {self.name!r} (ranks {self.ranks})")
+
+
+class _GroupFactory:
+    """Creates one torch process group per distinct rank set, collectively on every rank.
+
+    Several fields of a collection often have the same members (with TP=1 the tp group and the
+    expert-tp group are both this rank alone); they share one group instead of opening another
+    communicator. Identical enumerations across agents cannot occur: agents' rank blocks differ.
+    """
+
+    def __init__(self, backend: Optional[str], timeout: Optional[timedelta]):
+        self.backend = backend
+        self.timeout = timeout
+        self._created: Dict[Tuple[Tuple[int, ...], ...], Optional[dist.ProcessGroup]] = {}
+
+    def group_for(self, enumeration: Sequence[Sequence[int]]) -> Optional[dist.ProcessGroup]:
+        """This rank's group among `enumeration` (a partition of some ranks); None if in none."""
+        key = tuple(tuple(int(r) for r in ranks) for ranks in enumeration)
+        if key not in self._created:
+            mine = None
+            for ranks in key:
+                group = dist.new_group(ranks=list(ranks), backend=self.backend, timeout=self.timeout)
+                if dist.get_rank() in ranks:
+                    mine = group
+            self._created[key] = mine
+        return self._created[key]
+
+
+def _agent_pg_collection(
+    ranks: range, tp: int, pp: int, dp: int, factory: _GroupFactory
+) -> Optional[Any]:
+    """The `ProcessGroupCollection` of one agent (None on ranks outside it). Collective."""
+    from megatron.core.hyper_comm_grid import HyperCommGrid
+    from megatron.core.process_groups_config import ProcessGroupCollection
+
+    cp = 1  # context parallelism: not used yet; the grid keeps its slot so it can be turned on
+    grid = HyperCommGrid([tp, cp, dp, pp], list(_GRID_DIMS), rank_offset=ranks.start)
+
+    def group(dims: List[str]) -> Optional[dist.ProcessGroup]:
+        return factory.group_for(grid.get_rank_enum(dims))
+
+    each_rank_alone = factory.group_for([[r] for r in ranks])
+    groups: Dict[str, Optional[dist.ProcessGroup]] = dict(
+        tp=group(["tp"]),
+        cp=each_rank_alone,
+        dp=group(["dp"]),
+        pp=group(["pp"]),
+        mp=group(["tp", "pp"]),
+        tp_cp=group(["tp", "cp"]),
+        dp_cp=group(["cp", "dp"]),
+        tp_dp_cp=group(["tp", "cp", "dp"]),
+    )
+    # Expert-parallel fields. These dense models have no experts (EP=1, expert-TP = TP,
+    # expert-DP = DP x CP; the *_remat variants equal their plain groups at remat size 1), but
+    # megatron's DDP/optimizer helpers read these fields and, when they are missing, create groups
+    # of their own over the whole world: wrong members and a deadlock when only some ranks get there.
+    groups.update(
+        ep=each_rank_alone,
+        expt_tp=groups["tp"],
+        expt_dp=groups["dp_cp"],
+        tp_ep=groups["tp"],
+        tp_ep_pp=groups["mp"],
+        tp_ep_pp_with_egtp_remat=groups["mp"],
+        intra_dp_cp=groups["dp_cp"],  # one distributed-optimizer instance: partial DP = full DP
+        intra_expt_dp=groups["dp_cp"],
+        dp_cp_gtp_remat=groups["dp_cp"],
+        expt_dp_gtp_remat=groups["dp_cp"],
+    )
+    # The first and last pipeline stages share the word embeddings when they are tied; their
+    # gradients are summed over this group (one per pipeline, i.e. per TP x DP position).
+    stage_ends = [[p[0], p[-1]] if len(p) > 1 else [p[0]] for p in grid.get_rank_enum("pp")]
+    groups["embd"] = factory.group_for(stage_ends)
+    groups["pos_embd"] = factory.group_for([[p[0]] for p in grid.get_rank_enum("pp")])
+
+    if dist.get_rank() not in ranks:
+        return None
+    return ProcessGroupCollection(**groups)
+
+
+def create_agent_groups(
+    agents: Sequence[AgentConfig],
+    *,
+    backend: Optional[str] = None,
+    timeout: Optional[timedelta] = None,
+) -> List[AgentParallel]:
+    """Every agent's process groups, in config order. Collective: call on every rank, same args.
+
+    `torch.distributed` must be initialised with a world at least `required_world_size(agents)`.
+    Also sets up the few megatron globals the models still read (`initialize_megatron_globals`).
+    """
+    if not dist.is_initialized():
+        raise RuntimeError("torch.distributed must be initialised before creating agent groups")
+    initialize_megatron_globals()
+    factory = _GroupFactory(backend, timeout)
+    world, rank = dist.get_world_size(), dist.get_rank()
+    result: List[AgentParallel] = []
+    for agent, ranks in zip(agents, agent_rank_ranges(agents)):
+        p = agent.parallel
+        if ranks.stop > world:
+            raise ValueError(f"agent {agent.name!r} needs ranks {ranks.start}..{ranks.stop - 1}, "
+                             f"but the world has {world} processes")
+        collection = _agent_pg_collection(ranks, p.tensor, p.pipeline, p.data, factory)
+        result.append(AgentParallel(
+            name=agent.name, ranks=tuple(ranks), tp_size=p.tensor, pp_size=p.pipeline, dp_size=p.data,
+            rank=rank, pg_collection=collection,
+        ))
+    return result
+
+
+def initialize_megatron_globals() -> None:
+    """The megatron globals that per-agent groups cannot replace. Idempotent.
+
+    The local attention spec draws its scratch tensors from parallel_state's global memory buffer
+    (a cache of reusable tensors, nothing about groups); it must exist before a forward pass.
+    """
+    cpu_compat.apply()
+    from megatron.core import parallel_state
+
+    if parallel_state._GLOBAL_MEMORY_BUFFER is None:
+        parallel_state._set_global_memory_buffer()
+
+
+def init_distributed(backend: Optional[str] = None) -> None:
+    """`torch.distributed.init_process_group` from torchrun's environment: nccl on GPU, gloo on CPU."""
+    if dist.is_initialized():
+        return
+    if backend is None:
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if torch.cuda.is_available():
+        import os
+
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group(backend=backend)

@@ -1,0 +1,81 @@
+"""One weight set, three layouts (TP=1, TP=2, PP=2), three architectures, checked against HF.
+
+A single 2-process torchrun launch (tests/models/workers/layouts_worker.py) computes everything.
+"""
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.models.torchrun import run_torchrun
+from tests.models.workers.reference import SEQUENCES, TEST_CONFIGS
+
+pytestmark = pytest.mark.distributed
+WORKER = Path(__file__).parent / "workers" / "layouts_worker.py"
+ARCHS = list(TEST_CONFIGS)
+LAYOUTS = ["tp1", "tp2", "pp2"]
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    out = tmp_path_factory.mktemp("layouts")
+    run_torchrun(WORKER, 2, str(out), timeout=240)
+    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(2)]
+
+
+def max_diff(a, b):
+    return (a - b).abs().max().item()
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_single_stage_logits_equal_hf(results, arch):
+    assert results[0][arch]["logits_max_diff"] <= 1e-4
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_logprobs_equal_hf_and_tp1(results, arch, layout):
+    entry = results[0][arch]
+    logprobs = entry[layout]["logprobs"]
+    assert logprobs.lengths.tolist() == [len(r) for _, r in SEQUENCES]
+    for i, reference in enumerate(entry["hf_logprobs"]):
+        assert max_diff(logprobs.token_logprobs[i, : len(reference)], reference) <= 1e-5
+        assert abs(logprobs.sums[i].item() - reference.sum().item()) <= 1e-4
+        assert not logprobs.response_mask[i, len(reference):].any()
+        assert (logprobs.token_logprobs[i, len(reference):] == 0).all()
+    assert max_diff(logprobs.token_logprobs, entry["tp1"]["logprobs"].token_logprobs) <= 1e-5
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("layout", ["tp2", "pp2"])
+def test_every_rank_of_the_agent_gets_the_logprobs(results, arch, layout):
+    mine, other = results[0][arch][layout]["logprobs"], results[1][arch][layout]["logprobs"]
+    assert torch.equal(mine.token_logprobs, other.token_logprobs)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_export_returns_the_loaded_hf_weights_exactly(results, arch, layout):
+    entry = results[0][arch]
+    exported, hf_state = entry[layout]["exported"], entry["hf_state"]
+    expected = set(hf_state) - ({"lm_head.weight"} if TEST_CONFIGS[arch]["tie_word_embeddings"] else set())
+    assert set(exported) == expected
+    for name, tensor in exported.items():
+        assert torch.equal(tensor, hf_state[name]), name
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("layout", ["tp2", "pp2"])
+def test_gradients_equal_tp1(results, arch, layout):
+    grads, reference = results[0][arch][layout]["grads"], results[0][arch]["tp1"]["grads"]
+    assert set(grads) == set(reference)
+    for name in reference:
+        assert max_diff(grads[name], reference[name]) <= 1e-5, name
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_tp1_gradients_equal_hf(results, arch):
+    grads, hf_grads = results[0][arch]["tp1"]["grads"], results[0][arch]["hf_grads"]
+    assert set(grads) == set(hf_grads)
+    for name in hf_grads:
+        assert max_diff(grads[name], hf_grads[name]) <= 2e-5, name

@@ -1,0 +1,84 @@
+"""The pure parts of sequence log-probs and of the HF mapping: no processes."""
+import pytest
+import torch
+
+from hacpo_megatron.checkpoint.hf_mapping import Kind, shard, to_hf, to_megatron, unshard
+from hacpo_megatron.models.architectures import read_architecture
+from hacpo_megatron.models.logprobs import (
+    SequenceLogProbs,
+    micro_batch_indices,
+    pack_sequences,
+    token_logprobs_from_logits,
+)
+from tests.models.workers.reference import TEST_CONFIGS
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.6, 1.7])
+def test_logprob_at_temperature_is_log_softmax_of_scaled_logits(temperature):
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(3, 5, 40, generator=g) * 3
+    targets = torch.randint(0, 40, (3, 5), generator=g)
+    expected = torch.log_softmax(logits / temperature, dim=-1).gather(-1, targets[..., None])[..., 0]
+    got = token_logprobs_from_logits(logits, targets, temperature=temperature)
+    torch.testing.assert_close(got, expected)
+
+
+def test_padded_vocabulary_rows_take_no_probability():
+    logits = torch.zeros(1, 1, 8)
+    logits[..., 6:] = 50.0  # padding rows with large logits must not matter
+    got = token_logprobs_from_logits(logits, torch.tensor([[2]]), vocab_size=6)
+    torch.testing.assert_close(got, torch.log(torch.tensor([[1 / 6]])))
+
+
+def test_pack_sequences_aligns_targets_and_response_mask():
+    batch = pack_sequences([([1, 2], [3, 4, 5]), ([7], [8])], [0, 1], pad_id=0)
+    assert batch.tokens.tolist() == [[1, 2, 3, 4, 5], [7, 8, 0, 0, 0]]
+    assert batch.targets.tolist() == [[2, 3, 4, 5, 0], [8, 0, 0, 0, 0]]
+    assert batch.response_mask.tolist() == [[False, True, True, True, False], [True, False, False, False, False]]
+    position_logprobs = torch.arange(10.0).reshape(2, 5)
+    assert batch.response_logprobs(position_logprobs, 3).tolist() == [[1, 2, 3], [5, 0, 0]]
+
+
+def test_micro_batches_respect_limits_and_cover_everything():
+    lengths = [5, 17, 3, 9, 9, 2, 30]
+    groups = micro_batch_indices(lengths, max_sequences=2, max_tokens=20)
+    assert sorted(i for g in groups for i in g) == list(range(len(lengths)))
+    for g in groups:
+        assert len(g) <= 2
+        assert len(g) == 1 or len(g) * max(lengths[i] for i in g) <= 20
+
+
+def test_sequence_logprobs_sums_and_mask():
+    result = SequenceLogProbs.from_token_logprobs(torch.tensor([[-1.0, -2.0, 9.0], [-0.5, 9.0, 9.0]]),
+                                                  torch.tensor([2, 1]))
+    assert result.sums.tolist() == [-3.0, -0.5]
+    assert result.response_mask.tolist() == [[True, True, False], [True, False, False]]
+
+
+@pytest.mark.parametrize("kind,hf_shapes", [
+    (Kind.QKV, [(128, 16), (64, 16), (64, 16)]),  # 4 query heads, 2 kv groups, head_dim 32
+    (Kind.QKV, [(128,), (64,), (64,)]),  # qkv bias
+    (Kind.GATED, [(24, 16), (24, 16)]),
+    (Kind.ROW, [(16, 24)]),
+    (Kind.VOCAB, [(1000, 16)]),
+    (Kind.REPLICATED, [(16,)]),
+])
+@pytest.mark.parametrize("tp", [1, 2])
+def test_mapping_round_trips_through_tp_shards(kind, hf_shapes, tp):
+    arch = read_architecture(TEST_CONFIGS["qwen3"])  # 4 heads, 2 groups, head_dim 32, vocab 1000
+    hf = [torch.randn(s) for s in hf_shapes]
+    full = to_megatron(kind, hf, arch, padded_vocab=1024)
+    shards = [shard(kind, full, r, tp) for r in range(tp)]
+    assert torch.equal(unshard(kind, shards), full)
+    for a, b in zip(to_hf(kind, full, arch), hf):
+        assert torch.equal(a, b)
+
+
+def test_qkv_is_interleaved_per_query_group():
+    arch = read_architecture(TEST_CONFIGS["qwen3"])  # 2 query heads per group, head_dim 32
+    q, k, v = torch.full((128, 1), 0.0), torch.full((64, 1), 1.0), torch.full((64, 1), 2.0)
+    q[64:] = 0.5  # heads of group 1
+    full = to_megatron(Kind.QKV, [q, k, v], arch, padded_vocab=0)[:, 0]
+    group0, group1 = full[:128], full[128:]
+    assert group0[:64].eq(0).all() and group0[64:96].eq(1).all() and group0[96:].eq(2).all()
+    assert group1[:64].eq(0.5).all() and group1[64:96].eq(1).all()
