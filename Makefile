@@ -4,12 +4,17 @@
 CONFIG ?= configs/default.yaml
 PY := .venv/bin/python
 STAMP := .venv/.installed
+VLLM_STAMP := .venv-vllm/.installed
 
 .PHONY: setup run test
 
 $(STAMP): setup.py constraints.txt requirements-cpu.txt tools/setup_env.sh
 	bash tools/setup_env.sh
 	touch $(STAMP)
+
+$(VLLM_STAMP): $(STAMP)
+	bash tools/setup_env.sh --with-vllm
+	touch $(VLLM_STAMP)
 
 setup: $(STAMP)
 
@@ -18,5 +23,5 @@ run: $(STAMP)
 	  --nproc_per_node=$$($(PY) -m hacpo_megatron.config --config $(CONFIG) --print-world-size) \
 	  examples/hacpo_pretrain_style.py --config $(CONFIG) $(ARGS)
 
-test: $(STAMP)
+test: $(STAMP) $(VLLM_STAMP)
 	$(PY) -m pytest -q tests $(PYTEST_ARGS)

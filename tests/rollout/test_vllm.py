@@ -1,0 +1,37 @@
+"""The vLLM engine, for real, on vLLM's CPU build (its own environment .venv-vllm; see README)."""
+import json
+import os
+import subprocess
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+VLLM_PYTHON = os.path.join(REPO, ".venv-vllm", "bin", "python")
+
+
+@pytest.fixture(scope="module")
+def facts(tmp_path_factory):
+    assert os.path.exists(VLLM_PYTHON), "no .venv-vllm: run `bash tools/setup_env.sh --with-vllm` (make test does)"
+    work = tmp_path_factory.mktemp("vllm")
+    out = work / "facts.json"
+    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", TOKENIZERS_PARALLELISM="false")
+    proc = subprocess.run([VLLM_PYTHON, os.path.join(REPO, "tests", "rollout", "vllm_checks.py"), str(out), str(work)],
+                          capture_output=True, text=True, timeout=900, env=env, cwd=REPO)
+    assert proc.returncode == 0 and out.exists(), proc.stdout[-3000:] + proc.stderr[-6000:]
+    return json.loads(out.read_text())
+
+
+def test_vllm_generates_groups_with_sampling_logprobs_at_the_temperature(facts):
+    assert facts["group_sizes"] == [3, 3]
+    assert facts["lengths_ok"]
+    assert facts["logprob_max_abs_diff"] < 1e-4  # vs a transformers forward of the same weights, logits / T
+    assert facts["same_seed_same_samples"]
+    assert facts["truncated_reason"] == "length"
+
+
+def test_vllm_weight_update_changes_generation_and_check_mode_confirms_it(facts):
+    assert not facts["check_before_update_equal"] and facts["check_before_update_mismatches"] > 0
+    assert facts["check_after_update_equal"], facts["check_after_update_report"]
+    assert facts["check_after_update_max_diff"] == 0.0
+    assert facts["generation_changed"]
+    assert facts["logprob_max_abs_diff_after_update"] < 1e-4

@@ -1,0 +1,82 @@
+"""Runs inside the vLLM environment (.venv-vllm): exercises VLLMEngine for real on the CPU build.
+
+Usage: python vllm_checks.py OUT_JSON WORKDIR. Writes the measured facts; test_vllm.py asserts on them.
+One engine start per run (vLLM on CPU takes ~25 s to start).
+"""
+import json
+import sys
+
+import torch
+
+
+def build_model_folder(path, seed):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from hacpo_megatron.bridge.tokenizers import load_tokenizer
+
+    # head_dim 64: vLLM's CPU attention does not support 16
+    config = AutoConfig.for_model("qwen3", vocab_size=151936, hidden_size=128, intermediate_size=256,
+                                  num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=64,
+                                  max_position_embeddings=512, tie_word_embeddings=True)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.save_pretrained(path)
+    load_tokenizer("qwen3").save_pretrained(path)
+    return model.eval()
+
+
+def teacher_forced(model, prompt, tokens, temperature):
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + tokens])).logits[0].float()
+    logp = torch.log_softmax(logits / temperature, -1)
+    return [logp[len(prompt) - 1 + t, tok].item() for t, tok in enumerate(tokens)]
+
+
+def main(out_path, workdir):
+    from hacpo_megatron.rollout.base import SamplingParams
+    from hacpo_megatron.rollout.vllm_engine import VLLMEngine
+
+    model_a = build_model_folder(f"{workdir}/a", seed=0)
+    model_b = build_model_folder(f"{workdir}/b", seed=1)
+    engine = VLLMEngine(f"{workdir}/a", seed=0, max_model_len=256)
+    prompts = [[9707, 11, 1879, 0], [785, 3974, 315, 9625, 374, 220, 17]]
+    facts = {}
+
+    params = SamplingParams(n=3, temperature=0.8, max_new_tokens=6, seed=11)
+    out = engine.generate(prompts, params)
+    facts["group_sizes"] = [len(g) for g in out]
+    facts["lengths_ok"] = all(1 <= len(c.token_ids) <= 6 and len(c.logprobs) == len(c.token_ids) for g in out for c in g)
+    facts["finish_reasons"] = sorted({c.finish_reason for g in out for c in g})
+    facts["logprob_max_abs_diff"] = max(
+        abs(a - b)
+        for p, g in zip(prompts, out) for c in g
+        for a, b in zip(c.logprobs, teacher_forced(model_a, p, c.token_ids, 0.8))
+    )
+    facts["same_seed_same_samples"] = [[c.token_ids for c in g] for g in engine.generate(prompts, params)] == \
+        [[c.token_ids for c in g] for g in out]
+
+    weights_b = list(model_b.state_dict().items())
+    before = engine.check_weights(weights_b)
+    facts["check_before_update_equal"] = before.equal
+    facts["check_before_update_mismatches"] = len(before.mismatched)
+    engine.update_weights(weights_b)
+    after = engine.check_weights(weights_b)
+    facts["check_after_update_equal"] = after.equal
+    facts["check_after_update_max_diff"] = after.max_abs_diff
+    facts["check_after_update_report"] = after.mismatched[:5] + after.missing[:5]
+    out_b = engine.generate(prompts, params)
+    facts["generation_changed"] = [[c.token_ids for c in g] for g in out_b] != [[c.token_ids for c in g] for g in out]
+    facts["logprob_max_abs_diff_after_update"] = max(
+        abs(a - b)
+        for p, g in zip(prompts, out_b) for c in g
+        for a, b in zip(c.logprobs, teacher_forced(model_b, p, c.token_ids, 0.8))
+    )
+    truncated = engine.generate(prompts[:1], SamplingParams(n=1, max_new_tokens=2, seed=0))[0][0]
+    facts["truncated_reason"] = truncated.finish_reason
+    engine.shutdown()
+    with open(out_path, "w") as f:
+        json.dump(facts, f, indent=1)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])
