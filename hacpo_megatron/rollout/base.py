@@ -7,16 +7,31 @@ Log-probs: `Completion.logprobs[t]` is log softmax(logits_t / temperature)[y_t] 
 weights, the same quantity the trainer computes (`models/logprobs.py` divides logits by the
 sampling temperature too). top-p only decides which tokens may be drawn; it does not renormalise
 the reported log-probs, as in vLLM's processed-logprob mode without top-p renormalisation.
+
+Weights arrive in three calls, so that a trainer can stream a model of any size in bounded memory:
+
+    engine.begin_weight_update()
+    for bucket in weight_buckets(hf_named_tensors, bucket_bytes):   # lists of (HF name, full tensor)
+        engine.update_weights(bucket)
+    engine.finish_weight_update()                                    # the new weights serve from here on
+
+`push_weights` does exactly this; `rollout/weight_sync.py` does it from a Megatron model. An engine
+may apply each bucket at once (embedded, SGLang) or stage them and apply at the end (vLLM's reload
+path wants the whole model); either way generation must not run between begin and finish.
 """
 from __future__ import annotations
 
 import abc
 from dataclasses import dataclass, field
-from typing import Dict, Iterable, List, Literal, Optional, Sequence, Tuple
+from typing import Dict, Iterable, Iterator, List, Literal, Optional, Sequence, Tuple
 
 import torch
 
 FinishReason = Literal["stop", "length"]
+NamedTensors = Iterable[Tuple[str, torch.Tensor]]  # (Hugging Face name, full tensor) pairs
+WeightBucket = List[Tuple[str, torch.Tensor]]
+
+DEFAULT_BUCKET_BYTES = 256 * 2**20  # big enough to amortise a call, small next to any GPU's memory
 
 
 @dataclass(frozen=True)
@@ -60,9 +75,21 @@ class WeightCheck:
     """Result of comparing an engine's weights with the trainer's (the weight-sync check mode)."""
 
     equal: bool
-    max_abs_diff: float
-    mismatched: List[str] = field(default_factory=list)
-    missing: List[str] = field(default_factory=list)
+    max_abs_diff: float  # over the tensors both sides have, with equal shapes
+    mismatched: List[str] = field(default_factory=list)  # differ beyond atol, or in shape
+    missing: List[str] = field(default_factory=list)  # sent by the trainer, unknown to the engine
+    unsent: List[str] = field(default_factory=list)  # engine weights the trainer did not send
+
+    @staticmethod
+    def merge(checks: Sequence["WeightCheck"]) -> "WeightCheck":
+        """One verdict from several partial checks (e.g. one per engine worker)."""
+        return WeightCheck(
+            equal=all(c.equal for c in checks),
+            max_abs_diff=max((c.max_abs_diff for c in checks), default=0.0),
+            mismatched=[m for c in checks for m in c.mismatched],
+            missing=[m for c in checks for m in c.missing],
+            unsent=[m for c in checks for m in c.unsent],
+        )
 
 
 class RolloutEngine(abc.ABC):
@@ -72,13 +99,23 @@ class RolloutEngine(abc.ABC):
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> List[List[Completion]]:
         """For each prompt, `params.n` completions."""
 
-    @abc.abstractmethod
-    def update_weights(self, named_tensors: Iterable[Tuple[str, torch.Tensor]]) -> None:
-        """Load new weights given as (Hugging Face name, full tensor) pairs, bucket by bucket."""
+    def begin_weight_update(self) -> None:
+        """A new set of weights follows in buckets (see the module docstring). Default: nothing."""
 
     @abc.abstractmethod
-    def check_weights(self, named_tensors: Iterable[Tuple[str, torch.Tensor]], atol: float = 0.0) -> WeightCheck:
-        """Compare the engine's weights with the given ones (equality within atol)."""
+    def update_weights(self, bucket: Sequence[Tuple[str, torch.Tensor]]) -> None:
+        """Take one bucket of new weights: (Hugging Face name, full tensor) pairs."""
+
+    def finish_weight_update(self) -> None:
+        """All buckets are in: serve the new weights from the next `generate`. Default: nothing."""
+
+    @abc.abstractmethod
+    def check_weights(self, named_tensors: NamedTensors, atol: float = 0.0) -> WeightCheck:
+        """Compare the engine's weights with the given ones (equality within atol); the check mode.
+
+        `named_tensors` may be a generator (weights streamed from the trainer): an engine reads it
+        once, to the end, and may keep only what it needs for the comparison.
+        """
 
     def release_memory(self) -> None:
         """Free what the engine can (KV cache, weights on GPU) while the trainer runs. Default: nothing."""
@@ -90,16 +127,56 @@ class RolloutEngine(abc.ABC):
         """Stop background processes; the engine is unusable afterwards."""
 
 
-def compare_state(
-    own: Dict[str, torch.Tensor], named_tensors: Iterable[Tuple[str, torch.Tensor]], atol: float = 0.0
-) -> WeightCheck:
-    """Shared implementation of the check mode for engines that can read their weights by HF name."""
-    worst, mismatched, missing = 0.0, [], []
+def weight_buckets(named_tensors: NamedTensors, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> Iterator[WeightBucket]:
+    """Group (name, tensor) pairs, in order, into lists of at most bucket_bytes.
+
+    A tensor bigger than bucket_bytes travels alone: tensors are never split, because every engine
+    loads whole HF tensors.
+    """
+    if bucket_bytes <= 0:
+        raise ValueError(f"bucket_bytes must be > 0, got {bucket_bytes}")
+    bucket: WeightBucket = []
+    size = 0
     for name, tensor in named_tensors:
+        nbytes = tensor_bytes(tensor)
+        if bucket and size + nbytes > bucket_bytes:
+            yield bucket
+            bucket, size = [], 0
+        bucket.append((name, tensor))
+        size += nbytes
+    if bucket:
+        yield bucket
+
+
+def tensor_bytes(tensor: torch.Tensor) -> int:
+    return tensor.numel() * tensor.element_size()
+
+
+def push_weights(engine, named_tensors: NamedTensors, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> int:
+    """Send a whole set of weights to any object with the engine's weight methods; returns the bucket count."""
+    engine.begin_weight_update()
+    count = 0
+    for bucket in weight_buckets(named_tensors, bucket_bytes):
+        engine.update_weights(bucket)
+        count += 1
+    engine.finish_weight_update()
+    return count
+
+
+def compare_state(own: Dict[str, torch.Tensor], named_tensors: NamedTensors, atol: float = 0.0) -> WeightCheck:
+    """The check mode for engines that can read their weights by HF name (`own`, e.g. a state dict).
+
+    Every weight of `own` must have been sent, except aliases of a sent one (tied embeddings: HF
+    state dicts list the shared tensor as both embed_tokens and lm_head).
+    """
+    worst, mismatched, missing, sent_storage, sent_names = 0.0, [], [], set(), set()
+    for name, tensor in named_tensors:
+        sent_names.add(name)
         mine = own.get(name)
         if mine is None:
             missing.append(name)
             continue
+        sent_storage.add(mine.data_ptr())
         if mine.shape != tensor.shape:
             mismatched.append(f"{name}: shape {tuple(mine.shape)} vs {tuple(tensor.shape)}")
             continue
@@ -107,4 +184,5 @@ def compare_state(
         worst = max(worst, diff)
         if diff > atol:
             mismatched.append(f"{name}: max |diff| {diff:.3e}")
-    return WeightCheck(not mismatched and not missing, worst, mismatched, missing)
+    unsent = sorted(n for n, t in own.items() if n not in sent_names and t.data_ptr() not in sent_storage)
+    return WeightCheck(not (mismatched or missing or unsent), worst, mismatched, missing, unsent)

