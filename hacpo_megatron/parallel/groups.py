@@ -14,9 +14,10 @@ every agent's groups, in config order, even for agents it is not part of.
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -40,6 +41,7 @@ class AgentParallel:
     dp_size: int
     rank: int  # this process's global rank
     pg_collection: Optional[Any]  # megatron ProcessGroupCollection; None where not a member
+    group: Optional[dist.ProcessGroup] = None  # all of the agent's ranks; None where not a member
 
     @property
     def is_member(self) -> bool:
@@ -137,8 +139,8 @@ class _GroupFactory:
 
 def _agent_pg_collection(
     ranks: range, tp: int, pp: int, dp: int, factory: _GroupFactory
-) -> Optional[Any]:
-    """The `ProcessGroupCollection` of one agent (None on ranks outside it). Collective."""
+) -> Tuple[Optional[Any], Optional[dist.ProcessGroup]]:
+    """The `ProcessGroupCollection` of one agent and its all-ranks group (None outside it). Collective."""
     from megatron.core.hyper_comm_grid import HyperCommGrid
     from megatron.core.process_groups_config import ProcessGroupCollection
 
@@ -181,9 +183,10 @@ def _agent_pg_collection(
     groups["embd"] = factory.group_for(stage_ends)
     groups["pos_embd"] = factory.group_for([[p[0]] for p in grid.get_rank_enum("pp")])
 
+    whole_agent = factory.group_for([list(ranks)])
     if dist.get_rank() not in ranks:
-        return None
-    return ProcessGroupCollection(**groups)
+        return None, None
+    return ProcessGroupCollection(**groups), whole_agent
 
 
 def create_agent_groups(
@@ -208,10 +211,10 @@ def create_agent_groups(
         if ranks.stop > world:
             raise ValueError(f"agent {agent.name!r} needs ranks {ranks.start}..{ranks.stop - 1}, "
                              f"but the world has {world} processes")
-        collection = _agent_pg_collection(ranks, p.tensor, p.pipeline, p.data, factory)
+        collection, whole_agent = _agent_pg_collection(ranks, p.tensor, p.pipeline, p.data, factory)
         result.append(AgentParallel(
             name=agent.name, ranks=tuple(ranks), tp_size=p.tensor, pp_size=p.pipeline, dp_size=p.data,
-            rank=rank, pg_collection=collection,
+            rank=rank, pg_collection=collection, group=whole_agent,
         ))
     return result
 
@@ -240,3 +243,30 @@ def init_distributed(backend: Optional[str] = None) -> None:
 
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     dist.init_process_group(backend=backend)
+
+
+@contextlib.contextmanager
+def world_collectives_within(agent: AgentParallel) -> Iterator[None]:
+    """Run megatron code that still talks to the whole world inside one agent's ranks instead.
+
+    megatron-core 0.19's `get_megatron_optimizer` aligns parameter groups with an
+    `all_gather_object` over the default (world) group, so building one agent's optimizer would
+    wait for every rank of every agent. Inside this context the default-group world size and
+    object gather are the agent's; calls that name a group are untouched. Single-threaded use only.
+    """
+    group = agent.group
+    if group is None:
+        raise RuntimeError(f"rank {agent.rank} is not a member of agent {agent.name!r}")
+    gather, world_size = dist.all_gather_object, dist.get_world_size
+
+    def agent_gather(object_list, obj, group_=None, **kwargs):
+        return gather(object_list, obj, group=kwargs.pop("group", None) or group_ or group, **kwargs)
+
+    def agent_world_size(group_=None, **kwargs):
+        return world_size(kwargs.pop("group", None) or group_ or group, **kwargs)
+
+    dist.all_gather_object, dist.get_world_size = agent_gather, agent_world_size
+    try:
+        yield
+    finally:
+        dist.all_gather_object, dist.get_world_size = gather, world_size

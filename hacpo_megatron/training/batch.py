@@ -25,6 +25,7 @@ class SequenceRow:
     source: int  # index of the agent that generated the response
     prompt_index: int  # b: the prompt within the step's batch
     old_token_logp: Optional[List[float]] = None  # own rows only: per-token old log-probs (GRPO)
+    ref_token_logp: Optional[List[float]] = None  # own rows only: reference policy log-probs (KL penalty)
 
     def __post_init__(self):
         if not self.response_ids:

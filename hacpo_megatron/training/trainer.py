@@ -1,0 +1,242 @@
+"""The training step of one agent: M mini-batch updates of its policy loss on its share of the batch.
+
+    trainer = AgentTrainer(agent, spec, hparams)              # Megatron DDP + Adam + LR schedule
+    old = trainer.sequence_logprobs(own_sequences)            # step 5: old log-probs of own responses
+    metrics = trainer.train_step(rows, num_prompts=B)         # step 6: m = 0 .. M-1 updates
+
+Gradient accumulation: each micro-batch's loss is its rows' sum divided by the mini-batch's GLOBAL
+row count (`num_global_seqs`; GRPO: token count), so the micro-batch losses of all data-parallel
+ranks add up to the mini-batch mean. Megatron must therefore neither average over micro-batches
+nor over data-parallel ranks: `calculate_per_token_loss=True` makes the schedule keep each loss as
+returned and makes DDP sum gradients; our finalize step passes no token count, so nothing rescales.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from functools import partial
+from typing import Dict, List, Optional, Sequence
+
+import torch
+import torch.distributed as dist
+
+from hacpo_megatron.algorithms import POLICY_LOSSES, AlgorithmSpec, low_var_kl_penalty
+from hacpo_megatron.models import cpu_compat
+from hacpo_megatron.models.build import AgentModel
+from hacpo_megatron.models.logprobs import (
+    PackedBatch,
+    SequenceLogProbs,
+    compute_sequence_logprobs,
+    make_forward_step,
+    pack_sequences,
+    run_schedule,
+)
+from hacpo_megatron.parallel.groups import world_collectives_within
+from hacpo_megatron.training.batch import SequenceRow, data_parallel_shard, micro_batches, mini_batches
+
+
+@dataclass
+class TrainHyperparams:
+    lr: float = 1e-6
+    min_lr: float = 0.0
+    lr_warmup_steps: int = 0
+    lr_schedule: str = "constant"  # constant | cosine | linear, over total_steps
+    total_steps: int = 1
+    weight_decay: float = 0.01
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    adam_eps: float = 1e-8
+    grad_clip: float = 1.0  # 0 disables
+    prompts_per_mini_batch: int = 1
+    micro_batch_size: int = 4
+    temperature: float = 1.0
+    # loss hyperparameters
+    clip_low: float = 3e-4
+    clip_high: float = 4e-4
+    grpo_clip_low: float = 0.2
+    grpo_clip_high: float = 0.28
+    alpha: float = 1.0
+    delta: float = 0.2
+    delta_step: float = 0.025
+    kl_coef: float = 0.0
+
+
+def _finalize_grads(model_chunks, num_tokens, *, pg_collection, force_all_reduce=False):
+    """Megatron's finalize step (DP all-reduce, TP layernorm/embedding sums) without token rescaling."""
+    from megatron.core.distributed import finalize_model_grads
+
+    finalize_model_grads(model_chunks, None, pg_collection=pg_collection, force_all_reduce=force_all_reduce)
+
+
+class AgentTrainer:
+    """Optimisation state and updates of one agent, on every rank of that agent."""
+
+    def __init__(self, agent: AgentModel, spec: AlgorithmSpec, hp: TrainHyperparams):
+        cpu_compat.apply()
+        from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+        from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+
+        self.spec, self.hp, self.parallel = spec, hp, agent.parallel
+        config = agent.config
+        config.calculate_per_token_loss = True  # see the module docstring: keep losses, sum gradients
+        config.finalize_model_grads_func = partial(_finalize_grads, pg_collection=agent.parallel.pg_collection)
+        on_gpu = torch.cuda.is_available()
+        ddp_config = DistributedDataParallelConfig(
+            grad_reduce_in_fp32=True, overlap_grad_reduce=False, use_distributed_optimizer=on_gpu,
+        )
+        self.ddp_model = DistributedDataParallel(
+            config=config, ddp_config=ddp_config, module=agent.model, pg_collection=agent.parallel.pg_collection,
+        )
+        self.agent = dataclasses.replace(agent, model=self.ddp_model)  # same model, DDP-wrapped
+        with world_collectives_within(agent.parallel):
+            self.optimizer = get_megatron_optimizer(
+                OptimizerConfig(
+                    optimizer="adam", lr=hp.lr, min_lr=hp.min_lr, weight_decay=hp.weight_decay,
+                    adam_beta1=hp.adam_beta1, adam_beta2=hp.adam_beta2, adam_eps=hp.adam_eps,
+                    clip_grad=hp.grad_clip, bf16=config.bf16, params_dtype=config.params_dtype,
+                    use_distributed_optimizer=on_gpu,
+                ),
+                [self.ddp_model],
+                use_gloo_process_groups=False,
+                pg_collection=agent.parallel.pg_collection,
+            )
+        decay_steps = max(hp.total_steps, hp.lr_warmup_steps + 1)
+        self.scheduler = OptimizerParamScheduler(
+            self.optimizer, init_lr=0.0 if hp.lr_warmup_steps else hp.lr, max_lr=hp.lr, min_lr=hp.min_lr,
+            lr_warmup_steps=hp.lr_warmup_steps, lr_decay_steps=decay_steps, lr_decay_style=hp.lr_schedule,
+            start_wd=hp.weight_decay, end_wd=hp.weight_decay, wd_incr_steps=decay_steps, wd_incr_style="constant",
+        )
+        self.steps_done = 0
+
+    # ------------------------------------------------------------------------------ log-probs
+    def sequence_logprobs(self, sequences, *, max_sequences_per_micro_batch: Optional[int] = None) -> SequenceLogProbs:
+        """Log-probs at the sampling temperature under the current weights (old log-probs, step 5)."""
+        return compute_sequence_logprobs(
+            self.agent, sequences, temperature=self.hp.temperature,
+            max_sequences_per_micro_batch=max_sequences_per_micro_batch or self.hp.micro_batch_size,
+        )
+
+    # ------------------------------------------------------------------------------ training
+    def train_step(self, rows: Sequence[SequenceRow], num_prompts: int) -> List[Dict[str, float]]:
+        """M = num_prompts / prompts_per_mini_batch updates; one metrics dict per update.
+
+        Collective over the agent's ranks; every rank passes the same rows (each data-parallel
+        replica takes its own share). The LR schedule advances once per call (one RL step).
+        """
+        metrics = []
+        batches = mini_batches(rows, num_prompts, self.hp.prompts_per_mini_batch)
+        for update_index, mini_batch in enumerate(batches):
+            metrics.append(self._update(mini_batch, update_index))
+        self.scheduler.step(increment=1)
+        self.steps_done += 1
+        return metrics
+
+    def _update(self, mini_batch: List[SequenceRow], update_index: int) -> Dict[str, float]:
+        if not mini_batch:
+            raise ValueError(f"mini-batch {update_index} has no rows")
+        global_seqs = len(mini_batch)
+        global_tokens = sum(len(r.response_ids) for r in mini_batch)
+        shard = data_parallel_shard(mini_batch, self.parallel.dp_rank, self.parallel.dp_size)
+        chunks = micro_batches(shard, self.hp.micro_batch_size)
+        packed = [pack_sequences([(r.prompt_ids, r.response_ids) for r in chunk], range(len(chunk))) for chunk in chunks]
+        loss_fn = partial(self._micro_batch_loss, chunks=dict(zip(map(id, packed), chunks)),
+                          update_index=update_index, global_seqs=global_seqs, global_tokens=global_tokens)
+
+        self.ddp_model.train()
+        self.ddp_model.zero_grad_buffer()
+        self.optimizer.zero_grad()
+        # A replica whose share is empty still joins the gradient all-reduce with zero gradients.
+        results = run_schedule(self.agent, packed, make_forward_step(self.agent, temperature=self.hp.temperature,
+                                                                     loss_fn=loss_fn), forward_only=False) \
+            if packed else self._finalize_without_data()
+        success, grad_norm, _ = self.optimizer.step()
+        out = self._reduce_metrics(results)
+        out.update(update_index=float(update_index), grad_norm=float(grad_norm) if grad_norm is not None else math.nan,
+                   lr=float(self.optimizer.param_groups[0]["lr"]), update_skipped=float(not success))
+        return out
+
+    def _finalize_without_data(self) -> list:
+        self.agent.config.finalize_model_grads_func([self.ddp_model], None)
+        return []
+
+    def _micro_batch_loss(self, position_logprobs: torch.Tensor, packed: PackedBatch, *, chunks, update_index: int,
+                          global_seqs: int, global_tokens: int):
+        """The policy loss of one micro-batch as its share of the mini-batch mean (+ optional KL)."""
+        rows: List[SequenceRow] = chunks[id(packed)]
+        device = position_logprobs.device
+        width = int(packed.response_lengths.max())
+        logp = packed.response_logprobs(position_logprobs, width)
+        mask = torch.arange(width, device=device)[None, :] < packed.response_lengths.to(device)[:, None]
+        advantages = torch.tensor([r.advantage for r in rows], dtype=torch.float32, device=device)
+        old_seq = torch.tensor([r.old_seq_logp for r in rows], dtype=torch.float32, device=device)
+        is_cross = torch.tensor([r.is_cross for r in rows], dtype=torch.bool, device=device)
+        hp = self.hp
+        kind = self.spec.policy_loss
+        if kind == "hacpo":
+            loss, metrics = POLICY_LOSSES["hacpo"](
+                logp, mask, old_seq, advantages, is_cross, update_index=update_index, clip_low=hp.clip_low,
+                clip_high=hp.clip_high, alpha=hp.alpha, delta=hp.delta, delta_step=hp.delta_step,
+                cross_clip=self.spec.cross_clip, stepwise_clip=self.spec.stepwise_clip, num_global_seqs=global_seqs)
+        elif kind == "gspo":  # also Naive: other agents' rows take the same loss as own rows
+            loss, metrics = POLICY_LOSSES["gspo"](logp, mask, old_seq, advantages, clip_low=hp.clip_low,
+                                                  clip_high=hp.clip_high, num_global_seqs=global_seqs)
+        elif kind == "grpo":
+            old_tokens = _padded([r.old_token_logp for r in rows], width, device)
+            loss, metrics = POLICY_LOSSES["grpo"](logp, mask, old_tokens, advantages, clip_low=hp.grpo_clip_low,
+                                                  clip_high=hp.grpo_clip_high, num_global_tokens=global_tokens)
+        else:
+            raise ValueError(f"unknown policy loss {kind!r}")
+        if hp.kl_coef > 0 and rows[0].ref_token_logp is not None:
+            own = ~is_cross
+            if own.any():
+                ref = _padded([r.ref_token_logp for r in rows], width, device)
+                loss = loss + hp.kl_coef * low_var_kl_penalty(logp[own], ref[own], mask[own], num_global_seqs=global_seqs)
+        n = float(len(rows))
+        weighted = {k: torch.tensor(v * _weight(k, metrics, n)) for k, v in metrics.items() if not math.isnan(v)}
+        weighted["loss"] = loss.detach().float().cpu()
+        weighted["rows"] = torch.tensor(n)
+        return loss, torch.ones((), dtype=torch.int), weighted
+
+    def _reduce_metrics(self, results: list) -> Dict[str, float]:
+        """Sum the micro-batch metrics over micro-batches and data-parallel replicas; same on every rank."""
+        keys = ("loss", "rows", "own_ratio_mean", "cross_ratio_mean", "own_clip_frac_lower", "own_clip_frac_upper",
+                "cross_clip_frac_lower", "cross_clip_frac_upper", "num_own", "num_cross")
+        totals = torch.zeros(len(keys), dtype=torch.float64)
+        for result in results:
+            for i, key in enumerate(keys):
+                if key in result:
+                    totals[i] += float(result[key])
+        device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
+        buffer = totals.to(device)
+        if self.parallel.is_last_stage and self.parallel.dp_size > 1:
+            dist.all_reduce(buffer, group=self.parallel.dp_group)
+        if self.parallel.pp_size > 1:  # only the last stage computed a loss; every rank reports it
+            dist.broadcast(buffer, group=self.parallel.pp_group, group_src=self.parallel.pp_size - 1)
+        totals = buffer.cpu()
+        t = dict(zip(keys, totals.tolist()))
+        out = {"loss": t["loss"], "num_own": t["num_own"], "num_cross": t["num_cross"]}
+        for key in ("own_ratio_mean", "own_clip_frac_lower", "own_clip_frac_upper"):
+            out[key] = t[key] / t["num_own"] if t["num_own"] else math.nan
+        for key in ("cross_ratio_mean", "cross_clip_frac_lower", "cross_clip_frac_upper"):
+            out[key] = t[key] / t["num_cross"] if t["num_cross"] else math.nan
+        return out
+
+
+def _weight(key: str, metrics: Dict[str, float], n: float) -> float:
+    """Metrics are means over own or cross rows; weight them by their row counts to sum them."""
+    if key.startswith("own_"):
+        return metrics.get("num_own", n)
+    if key.startswith("cross_"):
+        return metrics.get("num_cross", 0.0)
+    return 1.0
+
+
+def _padded(values: Sequence[Optional[Sequence[float]]], width: int, device) -> torch.Tensor:
+    out = torch.zeros(len(values), width, dtype=torch.float32, device=device)
+    for i, v in enumerate(values):
+        if v is None:
+            raise ValueError("per-token old/reference log-probs are missing for a row that needs them")
+        out[i, : len(v)] = torch.tensor(v, dtype=torch.float32, device=device)
+    return out
