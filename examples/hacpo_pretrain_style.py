@@ -1,30 +1,84 @@
 """HACPO training entry, in the style of Megatron's pretrain_gpt.py.
 
     torchrun --nproc_per_node=N examples/hacpo_pretrain_style.py [--config FILE] [--set KEY=VALUE ...]
+             [--output-dir DIR] [--resume] [--ray-address ADDR]
 
 N is the number of ranks the config's agents need (`python -m hacpo_megatron.config --config FILE
---print-world-size`). This is the command that stays; until the Ray-orchestrated loop lands (issue 6),
-it validates the config, forms the torchrun world, reports where every agent lives, and runs one
-HACPO advantage computation on synthetic rewards so the algorithm core is exercised end to end.
+--print-world-size`; `make run` works it out). Without --config it runs configs/default.yaml: two
+tiny heterogeneous agents on synthetic math, on a laptop-sized CPU machine.
+
+Like pretrain_gpt.py, this file holds the parts a user swaps — how an agent's model is provided
+(built, then its initial weights) — and hands them to the library's loop (Algorithm 1 of the paper,
+hacpo_megatron/training/loop.py). The forward step and the loss are the library's
+(models/logprobs.py: vocab-parallel log-probs; algorithms/losses.py: the HACPO objective).
 """
 import argparse
 import os
 import sys
+from typing import Any, Dict
 
-import torch
 import torch.distributed as dist
 
-from hacpo_megatron.algorithms import CapabilityTracker, resolve_algorithm, step_advantages
-from hacpo_megatron.config import ConfigError, load_config
-from hacpo_megatron.parallel.layout import agent_rank_ranges, required_world_size
+from hacpo_megatron.checkpoint.hf_mapping import load_hf_state_dict_into_model
+from hacpo_megatron.config import AgentConfig, Config, ConfigError, load_config
+from hacpo_megatron.models.build import AgentModel, build_agent_model
+from hacpo_megatron.parallel.groups import AgentParallel
+from hacpo_megatron.training.loop import RunOptions, run_hacpo
 
-DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "configs", "default.yaml")
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEFAULT_CONFIG = os.path.join(REPO, "configs", "default.yaml")
+
+
+def model_provider(cfg: Config):
+    """Returns the function that builds an agent's model on this rank and gives it initial weights."""
+
+    def provide(agent_cfg: AgentConfig, parallel: AgentParallel, hf_config: Dict[str, Any], seed: int) -> AgentModel:
+        agent = build_agent_model(hf_config, parallel, seed=seed)
+        state = initial_weights(cfg, agent_cfg, parallel, hf_config, seed)
+        if state is not None:
+            load_hf_state_dict_into_model(agent.model, state, hf_config, parallel)
+        return agent
+
+    return provide
+
+
+def initial_weights(cfg: Config, agent_cfg: AgentConfig, parallel: AgentParallel, hf_config, seed):
+    """Pretrained weights (`init_from`: a Hugging Face folder or an agent checkpoint), else the
+    supervised warm-up of a random model (cached on disk), else None (random weights)."""
+    if agent_cfg.init_from:
+        from hacpo_megatron.checkpoint.hf_io import HFWeights
+        from hacpo_megatron.checkpoint.megatron_io import is_agent_checkpoint
+
+        if is_agent_checkpoint(agent_cfg.init_from):
+            raise SystemExit(f"{agent_cfg.name}: init_from {agent_cfg.init_from} is a Megatron agent checkpoint; "
+                             "convert it with tools/convert_megatron_to_hf.py or resume the run with --resume")
+        return HFWeights(agent_cfg.init_from)
+    if cfg.train.sft_warmup_steps <= 0:
+        return None
+    from hacpo_megatron.training.warmup import supervised_warmup
+
+    def warm_up():
+        return supervised_warmup(
+            hf_config, agent_cfg.tokenizer or agent_cfg.model, cfg.train.sft_warmup_task or cfg.data.train,
+            steps=cfg.train.sft_warmup_steps, batch_size=cfg.train.sft_warmup_batch_size,
+            lr=cfg.train.sft_warmup_lr, seed=seed, cache_dir=cfg.train.sft_warmup_cache)
+
+    # The agent's first rank trains (or finds the cache); the others then read the cache.
+    state = warm_up() if parallel.agent_rank == 0 else None
+    dist.barrier(group=parallel.group)
+    return state if state is not None else warm_up()
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description="HACPO training (Megatron-core agents)")
-    parser.add_argument("--config", default=DEFAULT_CONFIG)
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    parser = argparse.ArgumentParser(description="HACPO training of several Megatron-core agents")
+    parser.add_argument("--config", default=DEFAULT_CONFIG, help="YAML config (default: configs/default.yaml)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override any config key, e.g. --set algorithm.alpha=3")
+    parser.add_argument("--output-dir", default=None, help="run folder (default: runs/<run.name>)")
+    parser.add_argument("--resume", action="store_true", help="continue from the latest complete checkpoint")
+    parser.add_argument("--ray-address", default=None, help="join this Ray cluster instead of starting one")
+    parser.add_argument("--check-weights", action="store_true", help="verify engine weights after every sync")
+    parser.add_argument("--kill-engine-at-step", type=int, default=None, help=argparse.SUPPRESS)  # tests
     return parser.parse_args(argv)
 
 
@@ -35,33 +89,10 @@ def main(argv=None) -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    needed = required_world_size(cfg.agents)
-    if world != needed:
-        print(f"error: {args.config} needs {needed} processes (torchrun --nproc_per_node={needed}), got {world}",
-              file=sys.stderr)
-        return 2
-    if world > 1 or "RANK" in os.environ:
-        dist.init_process_group("gloo" if not torch.cuda.is_available() else "nccl")
-    rank = dist.get_rank() if dist.is_initialized() else 0
-    hosted = [a.name for a, ranks in zip(cfg.agents, agent_rank_ranges(cfg.agents)) if rank in ranks]
-    print(f"[rank {rank}] hosts agents {hosted}", flush=True)
-
-    if rank == 0:
-        spec = resolve_algorithm(cfg.algorithm.name)
-        n, B, G = len(cfg.agents), cfg.data.prompt_batch_size, cfg.rollout.samples_per_prompt
-        generator = torch.Generator().manual_seed(cfg.run.seed)
-        strength = torch.linspace(0.2, 0.8, n)[:, None, None]
-        rewards = (torch.rand(n, B, G, generator=generator) < strength).double()
-        tracker = CapabilityTracker(n, cfg.algorithm.capability_window)
-        P = tracker.update(rewards)
-        out = step_advantages(rewards, P, spec)
-        print(f"[rank 0] {spec.name}: capabilities {[round(p, 3) for p in P.tolist()]}, "
-              f"omega {[[round(w, 3) for w in row] for row in out.omega.tolist()]}")
-        print("[rank 0] the Ray-orchestrated training loop is not built yet (issue 6); config and layout are valid.")
-    if dist.is_initialized():
-        dist.barrier()
-        dist.destroy_process_group()
+    output_dir = args.output_dir or cfg.run.output_dir or os.path.join("runs", cfg.run.name)
+    options = RunOptions(output_dir=output_dir, resume=args.resume, ray_address=args.ray_address,
+                         kill_engine_at_step=args.kill_engine_at_step, weight_check=args.check_weights)
+    run_hacpo(cfg, options, model_provider(cfg))
     return 0
 
 

@@ -238,6 +238,8 @@ def _validate(cfg: Config, where: _Where, errors: List[str]) -> None:
     _check(t.micro_batch_size >= 1, errors, where, ("train", "micro_batch_size"), "must be >= 1")
     _check(t.lr > 0, errors, where, ("train", "lr"), f"must be > 0, got {t.lr}")
     _check(0 <= t.min_lr <= t.lr, errors, where, ("train", "min_lr"), "must be in [0, lr]")
+    _check(t.sft_warmup_batch_size >= 1 and t.sft_warmup_lr > 0, errors, where, ("train", "sft_warmup_lr"),
+           "sft_warmup_batch_size must be >= 1 and sft_warmup_lr > 0")
     for key in ("lr_warmup_steps", "sft_warmup_steps", "weight_decay", "grad_clip"):
         _check(getattr(t, key) >= 0, errors, where, ("train", key), "must be >= 0")
     for key in ("adam_beta1", "adam_beta2"):

@@ -106,7 +106,11 @@ class TrainConfig:
     adam_eps: float = 1e-8
     grad_clip: float = 1.0  # 0 disables
     params_dtype: Literal["auto", "fp32", "bf16"] = "auto"  # auto: bf16 on GPU, fp32 on CPU
-    sft_warmup_steps: int = 0  # supervised warm-up before RL (random-init agents)
+    sft_warmup_steps: int = 0  # supervised warm-up before RL of random-init agents (0: none)
+    sft_warmup_batch_size: int = 32
+    sft_warmup_lr: float = 1e-3
+    sft_warmup_task: Optional[str] = None  # default: data.train
+    sft_warmup_cache: str = ".cache/warmup"  # reused across runs, keyed by every setting that matters
 
 
 @dataclass

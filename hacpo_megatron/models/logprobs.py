@@ -179,23 +179,42 @@ def make_forward_step(agent: AgentModel, *, temperature: float = 1.0,
     """
     tp_group = agent.parallel.tp_group
 
-    def loss_func(micro_batch: PackedBatch, logits: torch.Tensor) -> Tuple[Any, ...]:
-        position_logprobs = token_logprobs_from_logits(
-            logits, micro_batch.targets.to(logits.device), temperature=temperature,
+    def loss_func(micro_batch: PackedBatch, response_logits: torch.Tensor) -> Tuple[Any, ...]:
+        # response_logits [T, 1, V/TP]: only the positions that predict a response token
+        mask = micro_batch.response_mask.to(response_logits.device)
+        response_logprobs = token_logprobs_from_logits(
+            response_logits[:, 0], micro_batch.targets.to(response_logits.device)[mask], temperature=temperature,
             vocab_size=agent.vocab_size, tp_group=tp_group,
         )
+        position_logprobs = torch.zeros(mask.shape, dtype=response_logprobs.dtype,
+                                        device=mask.device).masked_scatter(mask, response_logprobs)
         if loss_fn is not None:
             return loss_fn(position_logprobs, micro_batch)
-        zero = torch.zeros((), device=logits.device)
+        zero = torch.zeros((), device=response_logits.device)
         return zero, {"position_logprobs": position_logprobs.detach(), "micro_batch": micro_batch}
 
     def forward_step(data_iterator: Iterator[PackedBatch], model: Any) -> Tuple[torch.Tensor, Callable]:
         micro_batch = next(data_iterator)
         device = _model_device(model)
-        output = model(micro_batch.tokens.to(device), micro_batch.position_ids.to(device), attention_mask=None)
+        output = model(micro_batch.tokens.to(device), micro_batch.position_ids.to(device), attention_mask=None,
+                       output_processor=_response_positions_logits,
+                       output_processor_context=micro_batch.response_mask.to(device))
         return output, partial(loss_func, micro_batch)
 
     return forward_step
+
+
+def _response_positions_logits(*, hidden_states: torch.Tensor, output_layer: Any, output_weight: Any,
+                               context: torch.Tensor, **_unused: Any) -> torch.Tensor:
+    """GPTModel's output hook: logits only where a response token is predicted.
+
+    The output layer (hidden x vocabulary) is most of a small model's cost, and prompts are most of
+    an RL sequence; computing it for the response positions alone is exact and several times cheaper.
+    hidden_states [S, n, h] -> [T, 1, V/TP], T = number of True entries of `context` ([n, S]).
+    """
+    selected = hidden_states.transpose(0, 1)[context].unsqueeze(1)
+    logits, _ = output_layer(selected, weight=output_weight, runtime_gather_output=False)
+    return logits
 
 
 def run_schedule(agent: AgentModel, micro_batches: List[PackedBatch], forward_step: Callable[..., Any],

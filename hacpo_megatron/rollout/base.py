@@ -41,6 +41,7 @@ class SamplingParams:
     top_p: float = 1.0
     max_new_tokens: int = 256
     seed: Optional[int] = None  # same seed, same weights, same prompts -> same samples
+    greedy: bool = False  # argmax decoding (evaluation); log-probs are still reported at `temperature`
 
     def __post_init__(self):
         if self.n < 1:

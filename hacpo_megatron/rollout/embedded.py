@@ -26,6 +26,13 @@ def hf_model_from_config(hf_config: Dict, *, seed: int = 0, dtype: torch.dtype =
         return AutoModelForCausalLM.from_config(config, dtype=dtype).eval()
 
 
+def _decoding(params: SamplingParams) -> dict:
+    if params.greedy:
+        return dict(do_sample=False, temperature=None, top_p=None, top_k=None)
+    # transformers samples from the top 50 by default; top_k=0 keeps the full distribution
+    return dict(do_sample=True, temperature=params.temperature, top_p=params.top_p, top_k=0)
+
+
 def _left_pad(prompts: Sequence[Sequence[int]], pad_id: int) -> Tuple[torch.Tensor, torch.Tensor]:
     width = max(len(p) for p in prompts)
     ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
@@ -93,10 +100,7 @@ class EmbeddedEngine(RolloutEngine):
         out = self.model.generate(
             input_ids=ids,
             attention_mask=attention,
-            do_sample=True,
-            temperature=params.temperature,
-            top_p=params.top_p,
-            top_k=0,  # transformers samples from the top 50 by default; we want the full distribution
+            **_decoding(params),
             max_new_tokens=params.max_new_tokens,
             eos_token_id=self.eos_token_ids,
             pad_token_id=self.pad_token_id,

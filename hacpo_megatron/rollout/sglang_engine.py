@@ -57,7 +57,7 @@ def sampling_params_dict(params: SamplingParams, stop_token_ids: Sequence[int], 
     """One SGLang sampling-params dict (see sglang/srt/sampling/sampling_params.py)."""
     fields: Dict[str, Any] = dict(
         n=params.n if n is None else n,
-        temperature=params.temperature,
+        temperature=0.0 if params.greedy else params.temperature,  # 0: greedy in SGLang
         top_p=params.top_p,
         top_k=TOP_K_ALL,
         min_p=0.0,

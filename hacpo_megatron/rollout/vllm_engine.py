@@ -76,7 +76,8 @@ class VLLMEngine(RolloutEngine):
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> List[List[Completion]]:
         from vllm import SamplingParams as VllmSamplingParams
 
-        sampling = VllmSamplingParams(n=params.n, temperature=params.temperature, top_p=params.top_p,
+        temperature = 0.0 if params.greedy else params.temperature  # vLLM decodes greedily at 0
+        sampling = VllmSamplingParams(n=params.n, temperature=temperature, top_p=params.top_p,
                                       max_tokens=params.max_new_tokens, logprobs=0, seed=params.seed,
                                       stop_token_ids=self.eos_token_ids or None)
         outputs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompts], sampling, use_tqdm=False)

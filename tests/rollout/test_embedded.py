@@ -126,3 +126,16 @@ def test_sampling_params_are_validated():
         SamplingParams(temperature=0)
     with pytest.raises(ValueError, match="top_p"):
         SamplingParams(top_p=1.5)
+
+
+def test_greedy_decoding_takes_the_argmax_and_ignores_the_seed(tokenizer):
+    engine = make_engine(tokenizer)
+    a = engine.generate(PROMPTS, SamplingParams(n=2, max_new_tokens=5, greedy=True, seed=1))
+    b = engine.generate(PROMPTS, SamplingParams(n=1, max_new_tokens=5, greedy=True, seed=2))
+    for prompt, group_a, group_b in zip(PROMPTS, a, b):
+        assert group_a[0].token_ids == group_a[1].token_ids == group_b[0].token_ids
+        tokens = group_a[0].token_ids
+        with torch.no_grad():
+            logits = engine.model(torch.tensor([prompt + tokens])).logits[0]
+        argmax = logits[len(prompt) - 1: len(prompt) - 1 + len(tokens)].argmax(-1).tolist()
+        assert tokens == argmax

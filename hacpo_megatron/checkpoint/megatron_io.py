@@ -1,0 +1,521 @@
+"""Per-agent Megatron distributed checkpoints: one self-describing folder per agent, loadable at any TP/PP.
+
+One agent's checkpoint folder:
+
+    <agent>/
+      metadata.json        this format's version, architecture, true and padded vocabulary, the TP/PP
+                           it was saved at, whether optimizer state is inside (written last)
+      hf_config.json       the Hugging Face config.json: the model can be rebuilt from the folder alone
+      tokenizer/           the tokenizer files, when the model came with them
+      dist_checkpoint/     megatron `dist_checkpointing` (torch_dist) files: the model under "model",
+                           the optimizer (optional) under "optimizer", keys as Megatron-LM names them
+
+A training run keeps its checkpoints side by side and names the newest in a one-line file:
+
+    <root>/
+      latest               "step_00000020": always a complete step (written last, by rename)
+      step_00000010/<agent name>/...    one folder as above per agent
+      step_00000010/trainer_state.pt    optional: the trainer's own state (step, RNG, data position, ...)
+      step_00000020/...
+      step_00000030.tmp/   a save that was interrupted: never read, removed by the next save
+
+Collectives. `dist_checkpointing.save` has no process-group argument: it synchronises the whole world
+and global rank 0 writes its bookkeeping. So every save here is entered by EVERY rank, with the agents
+in the same order; ranks outside an agent contribute an empty state. Loading reads only what this rank
+needs (megatron's torch_dist loader does not communicate once access validation is off): loads are not
+collective and each agent's members load on their own.
+
+Resharding. Tensors are saved as global tensors with their TP/PP slice offsets, so a checkpoint
+saved at TP=2 loads at TP=1, PP=2, ... The padded vocabulary depends on TP (rows are padded to a
+multiple of 128·TP); megatron marks the embedding and output layer `allow_shape_mismatch`, so
+they load across paddings (the padding rows are zeros).
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+
+import torch
+import torch.distributed as dist
+
+from hacpo_megatron.checkpoint.hf_io import copy_tokenizer_files, fsync_tree, write_file_atomically
+from hacpo_megatron.models import cpu_compat
+from hacpo_megatron.models.architectures import Architecture, HFConfig, read_architecture
+from hacpo_megatron.models.build import AgentModel, build_agent_model
+from hacpo_megatron.parallel.groups import AgentParallel
+
+PathLike = Union[str, os.PathLike]
+
+FORMAT_NAME = "hacpo_megatron.agent_checkpoint"
+FORMAT_VERSION = 1
+METADATA_FILE = "metadata.json"
+HF_CONFIG_FILE = "hf_config.json"
+TOKENIZER_DIR = "tokenizer"
+DIST_CHECKPOINT_DIR = "dist_checkpoint"
+LATEST_FILE = "latest"
+TRAINER_STATE_FILE = "trainer_state.pt"
+TMP_SUFFIX = ".tmp"
+# Non-tensor state (optimizer hyper-parameters, step counters) saved as one object owned by the agent's
+# first rank; see `_agent_owned_common_state`.
+AGENT_COMMON_STATE_KEY = "agent_common_state"
+_STEP_DIR = re.compile(r"^step_(\d+)$")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint folder that cannot be used: the message names the folder and the file."""
+
+
+@dataclass(frozen=True)
+class CheckpointMetadata:
+    """metadata.json of one agent's checkpoint."""
+
+    hf_architecture: str
+    vocab_size: int  # the tokenizer's vocabulary (rows of the HF embedding)
+    padded_vocab_size: int  # rows of megatron's embedding at the TP it was saved at
+    tensor_parallel: int
+    pipeline_parallel: int
+    has_optimizer: bool
+    agent_name: str = ""
+    step: Optional[int] = None
+    params_dtype: str = "float32"
+    format: str = FORMAT_NAME
+    format_version: int = FORMAT_VERSION
+
+
+@dataclass
+class AgentState:
+    """What one agent contributes to a save (and receives in a load), on one rank.
+
+    Every rank lists every agent; `model` (and `optimizer`) are None on ranks outside the agent.
+    `model` is the agent's `AgentModel`; its `.model` may be the plain GPTModel or a DDP wrapper.
+    """
+
+    parallel: AgentParallel
+    hf_config: Optional[HFConfig] = None  # needed on the agent's members
+    model: Optional[AgentModel] = None
+    optimizer: Optional[Any] = None  # a megatron optimizer (MegatronOptimizer / ChainedOptimizer)
+    tokenizer_dir: Optional[PathLike] = None
+
+
+# ------------------------------------------------------------------------------------------------
+# The sharded state of one agent
+# ------------------------------------------------------------------------------------------------
+def _unwrapped(module: Any) -> Any:
+    """The GPTModel inside DDP / Float16Module wrappers."""
+    while hasattr(module, "module"):
+        module = module.module
+    return module
+
+
+def agent_sharded_state_dict(agent: AgentModel, optimizer: Optional[Any] = None, *,
+                             is_loading: bool = False) -> Dict[str, Any]:
+    """{"model": ..., "optimizer": ...} as megatron `ShardedTensor`s: global shapes + this rank's slice.
+
+    The data-parallel group decides which replica writes (replica 0); the model's own process
+    groups give the TP/PP offsets.
+    """
+    cpu_compat.apply()
+    metadata = {"dp_cp_group": agent.parallel.pg_collection.dp_cp}
+    with _data_parallel_rank_of(agent.parallel):
+        model_state = _unwrapped(agent.model).sharded_state_dict(metadata=metadata)
+    state: Dict[str, Any] = {"model": model_state}
+    if optimizer is not None:
+        state["optimizer"] = optimizer.sharded_state_dict(model_state, is_loading=is_loading)
+    return _agent_owned_common_state(state, agent.parallel)
+
+
+@contextlib.contextmanager
+def _data_parallel_rank_of(parallel: AgentParallel) -> Iterator[None]:
+    """Let megatron's global `get_data_parallel_rank` answer with this agent's data-parallel rank.
+
+    megatron-core 0.19 asks the global parallel state (never initialised here, see
+    docs/parallelism.md) for the DP rank in one place: the replica id of the last stage's copy of
+    tied embeddings when PP > 1 (`LanguageModule.tie_embeddings_and_output_weights_state_dict`).
+    """
+    from megatron.core import parallel_state
+
+    original = parallel_state.get_data_parallel_rank
+    parallel_state.get_data_parallel_rank = lambda *args, **kwargs: parallel.dp_rank
+    try:
+        yield
+    finally:
+        parallel_state.get_data_parallel_rank = original
+
+
+def _agent_owned_common_state(state: Dict[str, Any], parallel: AgentParallel) -> Dict[str, Any]:
+    """Move the plain (non-sharded) values of `state` into one ShardedObject owned by the agent.
+
+    Megatron saves plain values ("common state", e.g. the optimizer's learning rate and step) from
+    global rank 0 only, which need not belong to this agent. As a ShardedObject they are written by
+    the agent's first rank instead (replica_id 0 there). Values megatron never persists
+    (`LocalNonpersistentObject`, e.g. the optimizer's parameter ids) stay where they are.
+    """
+    from megatron.core.dist_checkpointing.dict_utils import merge
+    from megatron.core.dist_checkpointing.mapping import ShardedObject
+    from megatron.core.dist_checkpointing.utils import extract_nonpersistent, extract_sharded_base
+
+    nonpersistent, persistent = extract_nonpersistent(state)
+    sharded, common = extract_sharded_base(persistent)
+    if _has_values(common):
+        sharded[AGENT_COMMON_STATE_KEY] = ShardedObject(
+            AGENT_COMMON_STATE_KEY, common, global_shape=(1,), global_offset=(0,), replica_id=parallel.agent_rank
+        )
+    return merge(sharded, nonpersistent)
+
+
+def _restore_common_state(loaded: Dict[str, Any]) -> Dict[str, Any]:
+    from megatron.core.dist_checkpointing.dict_utils import merge
+
+    common = loaded.pop(AGENT_COMMON_STATE_KEY, None)
+    return merge(loaded, common) if common else loaded
+
+
+def _has_values(nested: Any) -> bool:
+    if isinstance(nested, dict):
+        return any(_has_values(v) for v in nested.values())
+    if isinstance(nested, list):
+        return any(_has_values(v) for v in nested)
+    return True
+
+
+# ------------------------------------------------------------------------------------------------
+# Saving one agent (collective over the world)
+# ------------------------------------------------------------------------------------------------
+def checkpoint_metadata_of(agent: AgentModel, *, has_optimizer: bool, step: Optional[int] = None) -> CheckpointMetadata:
+    return CheckpointMetadata(
+        hf_architecture=agent.arch.hf_architecture,
+        vocab_size=agent.arch.vocab_size,
+        padded_vocab_size=agent.padded_vocab_size,
+        tensor_parallel=agent.parallel.tp_size,
+        pipeline_parallel=agent.parallel.pp_size,
+        has_optimizer=has_optimizer,
+        agent_name=agent.parallel.name,
+        step=step,
+        params_dtype=str(agent.config.params_dtype).replace("torch.", ""),
+    )
+
+
+def save_agent_checkpoint(folder: PathLike, agent: AgentState, *, step: Optional[int] = None) -> None:
+    """Write one agent's checkpoint folder (see the module docstring). Collective: every rank calls it.
+
+    Writes into `folder` directly (created if missing); use `save_agents_checkpoint` for the
+    crash-safe step/latest layout, or write to a temporary folder and rename it yourself.
+    """
+    cpu_compat.apply()
+    from megatron.core import dist_checkpointing
+
+    folder = Path(folder)
+    dist_dir = folder / DIST_CHECKPOINT_DIR
+    if dist.get_rank() == 0:
+        dist_dir.mkdir(parents=True, exist_ok=True)
+    dist.barrier()  # megatron's writers expect the folder to exist on every rank
+    member = agent.parallel.is_member
+    if member and agent.model is None:
+        raise ValueError(f"rank {agent.parallel.rank} belongs to agent {agent.parallel.name!r} but passed no model")
+    state = agent_sharded_state_dict(agent.model, agent.optimizer) if member else {}
+    dist_checkpointing.save(state, str(dist_dir))
+    if member and agent.parallel.agent_rank == 0:
+        _write_side_files(folder, agent, step)
+    dist.barrier()
+
+
+def _write_side_files(folder: Path, agent: AgentState, step: Optional[int]) -> None:
+    """hf_config.json, tokenizer/ and, last, metadata.json (its presence marks a complete folder)."""
+    if agent.hf_config is None:
+        raise ValueError(f"agent {agent.parallel.name!r}: save needs its hf_config")
+    config = agent.hf_config.to_dict() if hasattr(agent.hf_config, "to_dict") else dict(agent.hf_config)
+    (folder / HF_CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    if agent.tokenizer_dir is not None:
+        copied = copy_tokenizer_files(agent.tokenizer_dir, folder / TOKENIZER_DIR)
+        if not copied:
+            raise CheckpointError(f"{agent.tokenizer_dir}: no tokenizer files to copy (looked for tokenizer.json, ...)")
+    metadata = checkpoint_metadata_of(agent.model, has_optimizer=agent.optimizer is not None, step=step)
+    (folder / METADATA_FILE).write_text(json.dumps(asdict(metadata), indent=2) + "\n")
+
+
+# ------------------------------------------------------------------------------------------------
+# Saving a training step: every agent, atomically, with `latest`
+# ------------------------------------------------------------------------------------------------
+def step_dir_name(step: int) -> str:
+    return f"step_{step:08d}"
+
+
+def save_agents_checkpoint(
+    root: PathLike,
+    step: int,
+    agents: Sequence[AgentState],
+    *,
+    keep_last: Optional[int] = None,
+    trainer_state: Optional[Dict[str, Any]] = None,
+) -> Path:
+    """Save every agent at `step` under `<root>/step_N/<agent name>/`, then point `latest` at it.
+
+    Collective: every rank calls it with every agent, in the same order. Crash safety:
+      1. everything is written into `<root>/step_N.tmp/` (left-overs of an earlier crash removed first);
+      2. rank 0 flushes it to disk (fsync), renames it to `step_N/`, then replaces `latest` by
+         write-to-temporary-and-rename.
+    A crash before 2 leaves `latest` on the previous step; a reader that follows `latest` always finds
+    a complete checkpoint. `keep_last`: afterwards delete all but the newest N steps.
+    `trainer_state` (rank 0's) is saved with torch.save as `trainer_state.pt`.
+    """
+    root = Path(root)
+    final = root / step_dir_name(step)
+    temporary = root / (step_dir_name(step) + TMP_SUFFIX)
+    names = [a.parallel.name for a in agents]
+    if len(set(names)) != len(names):
+        raise ValueError(f"agent names must be distinct, got {names}")
+    if dist.get_rank() == 0:
+        root.mkdir(parents=True, exist_ok=True)
+        remove_interrupted_saves(root)
+        temporary.mkdir()
+    dist.barrier()
+    for agent in agents:
+        save_agent_checkpoint(temporary / agent.parallel.name, agent, step=step)
+    if dist.get_rank() == 0:
+        if trainer_state is not None:
+            torch.save(trainer_state, temporary / TRAINER_STATE_FILE)
+        _publish(temporary, final, root)
+        if keep_last:
+            prune_checkpoints(root, keep_last)
+    dist.barrier()
+    return final
+
+
+def _publish(temporary: Path, final: Path, root: Path) -> None:
+    """fsync, rename the finished step into place, then move `latest` to it (rank 0)."""
+    fsync_tree(temporary)
+    if final.exists():  # the same step saved again (e.g. after a resume): the new one wins
+        stale = final.with_name(final.name + ".old" + TMP_SUFFIX)
+        os.replace(final, stale)
+        os.replace(temporary, final)
+        shutil.rmtree(stale)
+    else:
+        os.replace(temporary, final)
+    write_file_atomically(root / LATEST_FILE, final.name + "\n")
+
+
+def remove_interrupted_saves(root: PathLike) -> List[Path]:
+    """Delete `*.tmp` folders (saves that never finished) under `root`; the deleted paths."""
+    removed = []
+    for path in sorted(Path(root).glob("*" + TMP_SUFFIX)):
+        if path.is_dir():
+            shutil.rmtree(path)
+            removed.append(path)
+    return removed
+
+
+def checkpoint_steps(root: PathLike) -> List[int]:
+    """The steps with a finished folder under `root`, ascending."""
+    steps = []
+    for path in Path(root).iterdir() if Path(root).is_dir() else []:
+        match = _STEP_DIR.match(path.name)
+        if match and path.is_dir():
+            steps.append(int(match.group(1)))
+    return sorted(steps)
+
+
+def prune_checkpoints(root: PathLike, keep_last: int) -> List[Path]:
+    """Delete all but the newest `keep_last` steps (never the one `latest` names); the deleted paths."""
+    if keep_last < 1:
+        raise ValueError(f"keep_last must be >= 1, got {keep_last}")
+    latest = latest_checkpoint(root)
+    removed = []
+    for step in checkpoint_steps(root)[:-keep_last]:
+        path = Path(root) / step_dir_name(step)
+        if latest is not None and path.resolve() == latest.resolve():
+            continue
+        shutil.rmtree(path)
+        removed.append(path)
+    return removed
+
+
+def latest_checkpoint(root: PathLike) -> Optional[Path]:
+    """The step folder `<root>/latest` names; None if nothing was saved yet."""
+    pointer = Path(root) / LATEST_FILE
+    if not pointer.is_file():
+        return None
+    name = pointer.read_text().strip()
+    path = Path(root) / name
+    if not _STEP_DIR.match(name) or not path.is_dir():
+        raise CheckpointError(f"{pointer}: names {name!r}, which is not a checkpoint folder under {root}")
+    return path
+
+
+def latest_step(root: PathLike) -> Optional[int]:
+    path = latest_checkpoint(root)
+    return None if path is None else int(_STEP_DIR.match(path.name).group(1))
+
+
+# ------------------------------------------------------------------------------------------------
+# Reading a folder
+# ------------------------------------------------------------------------------------------------
+def read_checkpoint_metadata(folder: PathLike) -> CheckpointMetadata:
+    """metadata.json of an agent folder, after checking that the folder has all its parts."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise CheckpointError(f"{folder}: no such checkpoint folder")
+    for required in (METADATA_FILE, HF_CONFIG_FILE, f"{DIST_CHECKPOINT_DIR}/metadata.json",
+                     f"{DIST_CHECKPOINT_DIR}/.metadata"):
+        if not (folder / required).is_file():
+            raise CheckpointError(f"{folder}: not a complete agent checkpoint, {required} is missing")
+    path = folder / METADATA_FILE
+    try:
+        values = json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise CheckpointError(f"{path}: not valid JSON ({error})") from None
+    if values.get("format") != FORMAT_NAME:
+        raise CheckpointError(f"{path}: format {values.get('format')!r}, expected {FORMAT_NAME!r}")
+    if values.get("format_version") != FORMAT_VERSION:
+        raise CheckpointError(f"{path}: format_version {values.get('format_version')!r}; "
+                              f"this code reads version {FORMAT_VERSION}")
+    try:
+        return CheckpointMetadata(**values)
+    except TypeError as error:
+        raise CheckpointError(f"{path}: unexpected or missing fields ({error})") from None
+
+
+def read_checkpoint_hf_config(folder: PathLike) -> Dict[str, Any]:
+    read_checkpoint_metadata(folder)
+    path = Path(folder) / HF_CONFIG_FILE
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise CheckpointError(f"{path}: not valid JSON ({error})") from None
+
+
+def checkpoint_tokenizer_dir(folder: PathLike) -> Optional[Path]:
+    path = Path(folder) / TOKENIZER_DIR
+    return path if path.is_dir() else None
+
+
+def is_agent_checkpoint(folder: PathLike) -> bool:
+    return (Path(folder) / METADATA_FILE).is_file() and (Path(folder) / DIST_CHECKPOINT_DIR).is_dir()
+
+
+def find_agent_checkpoints(path: PathLike) -> Dict[str, Path]:
+    """{agent name: folder} for an agent folder, a step folder, or a run root (its `latest` step)."""
+    path = Path(path)
+    if is_agent_checkpoint(path):
+        return {read_checkpoint_metadata(path).agent_name or path.name: path}
+    step_dir = latest_checkpoint(path) if (path / LATEST_FILE).is_file() else path
+    if step_dir is None or not step_dir.is_dir():
+        raise CheckpointError(f"{path}: neither an agent checkpoint ({METADATA_FILE}), nor a step folder, "
+                              f"nor a run folder with `{LATEST_FILE}`")
+    found = {p.name: p for p in sorted(step_dir.iterdir()) if p.is_dir() and is_agent_checkpoint(p)}
+    if not found:
+        raise CheckpointError(f"{step_dir}: holds no agent checkpoint folders")
+    return found
+
+
+def _check_compatible(folder: Path, metadata: CheckpointMetadata, arch: Architecture) -> None:
+    if metadata.hf_architecture != arch.hf_architecture or metadata.vocab_size != arch.vocab_size:
+        raise CheckpointError(
+            f"{folder / METADATA_FILE}: holds a {metadata.hf_architecture} with vocabulary {metadata.vocab_size}, "
+            f"the model is a {arch.hf_architecture} with vocabulary {arch.vocab_size}")
+
+
+# ------------------------------------------------------------------------------------------------
+# Loading (not collective)
+# ------------------------------------------------------------------------------------------------
+def load_agent_checkpoint(folder: PathLike, agent: AgentModel, optimizer: Optional[Any] = None) -> CheckpointMetadata:
+    """Load the model (and `optimizer`, if given) of this rank's slice from an agent folder.
+
+    Any TP/PP layout: megatron reads the slices this rank needs from the saved global tensors. Not
+    collective: each member rank loads on its own. Returns the folder's metadata.
+    """
+    cpu_compat.apply()
+    from megatron.core import dist_checkpointing
+
+    folder = Path(folder)
+    metadata = read_checkpoint_metadata(folder)
+    _check_compatible(folder, metadata, agent.arch)
+    if optimizer is not None and not metadata.has_optimizer:
+        raise CheckpointError(f"{folder}: holds no optimizer state (a converted model?); load without optimizer")
+    state = agent_sharded_state_dict(agent, optimizer, is_loading=True)
+    # Access validation would all-gather over the world; a load must not depend on other agents.
+    loaded = dist_checkpointing.load(state, str(folder / DIST_CHECKPOINT_DIR), validate_access_integrity=False)
+    loaded = _restore_common_state(loaded)
+    _unwrapped(agent.model).load_state_dict(loaded["model"], strict=True)
+    if optimizer is not None:
+        optimizer.load_state_dict(loaded["optimizer"])
+    return metadata
+
+
+def build_agent_from_checkpoint(folder: PathLike, parallel: AgentParallel, **build_kwargs: Any) -> AgentModel:
+    """Build the agent's model from the folder's hf_config.json at `parallel`'s layout and load it."""
+    hf_config = read_checkpoint_hf_config(folder)
+    agent = build_agent_model(hf_config, parallel, **build_kwargs)
+    load_agent_checkpoint(folder, agent)
+    return agent
+
+
+def load_agents_checkpoint(path: PathLike, agents: Sequence[AgentState]) -> Tuple[Path, Optional[Dict[str, Any]]]:
+    """Resume: load each agent this rank belongs to from a run root (`latest`) or a step folder.
+
+    Returns (the step folder, its trainer state or None). Not collective.
+    """
+    path = Path(path)
+    step_dir = latest_checkpoint(path) if (path / LATEST_FILE).is_file() else path
+    if step_dir is None:
+        raise CheckpointError(f"{path}: no checkpoint saved yet (no `{LATEST_FILE}`)")
+    for agent in agents:
+        if agent.parallel.is_member:
+            load_agent_checkpoint(step_dir / agent.parallel.name, agent.model, agent.optimizer)
+    state_path = step_dir / TRAINER_STATE_FILE
+    trainer_state = torch.load(state_path, weights_only=False) if state_path.is_file() else None
+    return step_dir, trainer_state
+
+
+def check_parallel_layout(arch: Architecture, tensor_parallel: int, pipeline_parallel: int) -> None:
+    """ValueError unless TP divides the attention and key/value heads and PP divides the layers."""
+    if tensor_parallel < 1 or pipeline_parallel < 1:
+        raise ValueError(f"TP and PP must be >= 1, got TP={tensor_parallel}, PP={pipeline_parallel}")
+    if arch.num_attention_heads % tensor_parallel or arch.num_query_groups % tensor_parallel:
+        raise ValueError(f"TP={tensor_parallel} does not divide the attention heads ({arch.num_attention_heads}) "
+                         f"and key/value heads ({arch.num_query_groups}) of this {arch.hf_architecture}")
+    if arch.num_layers % pipeline_parallel:
+        raise ValueError(f"PP={pipeline_parallel} does not divide the {arch.num_layers} layers")
+
+
+def architecture_of_checkpoint(folder: PathLike) -> Architecture:
+    return read_architecture(read_checkpoint_hf_config(folder))
+
+
+# ------------------------------------------------------------------------------------------------
+# A world for the command-line tools
+# ------------------------------------------------------------------------------------------------
+def ensure_distributed() -> None:
+    """torch.distributed from torchrun's environment, or a world of this one process when run plainly."""
+    from hacpo_megatron.parallel.groups import init_distributed
+
+    if not dist.is_initialized() and "RANK" not in os.environ:
+        import socket
+
+        with socket.socket() as s:  # a free port for the one-process rendezvous
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    init_distributed()
+
+
+def single_agent_parallel(name: str, tensor_parallel: int, pipeline_parallel: int) -> AgentParallel:
+    """Process groups for one agent on global ranks 0 .. TP*PP-1. Collective over the world.
+
+    Ranks beyond TP*PP are not members; they still take part in saves (see the module docstring).
+    """
+    from hacpo_megatron.config.schema import AgentConfig, ParallelConfig
+    from hacpo_megatron.parallel.groups import create_agent_groups
+
+    needed = tensor_parallel * pipeline_parallel
+    if dist.get_world_size() < needed:
+        raise ValueError(f"TP={tensor_parallel} x PP={pipeline_parallel} needs {needed} processes, the world has "
+                         f"{dist.get_world_size()}: run under `torchrun --nproc_per_node {needed}`")
+    config = AgentConfig(name=name, parallel=ParallelConfig(tensor=tensor_parallel, pipeline=pipeline_parallel,
+                                                            first_rank=0))
+    return create_agent_groups([config])[0]

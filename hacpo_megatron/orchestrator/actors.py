@@ -1,0 +1,151 @@
+"""Ray actors: one rollout engine per agent, and the reward workers.
+
+    EngineActor   holds one agent's engine (embedded transformers, vLLM, SGLang) in its own process
+    RemoteEngine  the RolloutEngine interface over an EngineActor handle (what weight sync talks to)
+    RewardActor   holds a RewardPool: math-verify (or a plug-in) in worker processes with time limits
+
+Actors restart when their process dies (`max_restarts`); a restarted engine has lost its weights,
+so the training loop pushes them again before it retries the step (see training/loop.py).
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+
+import ray
+import torch
+
+from hacpo_megatron.rollout.base import Completion, RolloutEngine, SamplingParams, WeightCheck
+
+ACTOR_RESTARTS = 3
+# Engines and reward workers are scheduled without reserving Ray CPUs: the trainers (torchrun
+# processes Ray does not see) use the same cores, and phases alternate rather than overlap.
+ACTOR_OPTIONS = dict(num_cpus=0, max_restarts=ACTOR_RESTARTS, max_task_retries=0)
+
+
+@ray.remote
+class EngineActor:
+    """One agent's rollout engine, built from a Hugging Face config (weights arrive by weight sync)."""
+
+    def __init__(self, kind: str, hf_config: Dict[str, Any], tokenizer_name: str, seed: int,
+                 engine_kwargs: Optional[Dict[str, Any]] = None):
+        torch.set_num_threads(int(os.environ.get("HACPO_ENGINE_THREADS", "1")))
+        from hacpo_megatron.bridge.tokenizers import eos_token_ids, load_tokenizer, pad_token_id
+
+        tokenizer = load_tokenizer(tokenizer_name)
+        if kind == "embedded":
+            from hacpo_megatron.rollout.embedded import EmbeddedEngine, hf_model_from_config
+
+            model = hf_model_from_config(hf_config, seed=seed)
+            self.engine: RolloutEngine = EmbeddedEngine(
+                model, tokenizer, eos_token_ids=sorted(eos_token_ids(tokenizer)), pad_token_id=pad_token_id(tokenizer),
+                **(engine_kwargs or {}))
+        else:
+            from hacpo_megatron.rollout import make_engine
+
+            folder = (engine_kwargs or {}).pop("model_path", None)
+            if folder is None:
+                raise ValueError(f"the {kind} engine needs a Hugging Face folder: set the agent's init_from")
+            self.engine = make_engine(kind, model_path=folder, eos_token_ids=sorted(eos_token_ids(tokenizer)),
+                                      pad_token_id=pad_token_id(tokenizer), seed=seed, **(engine_kwargs or {}))
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> List[List[Completion]]:
+        return self.engine.generate(prompts, params)
+
+    def begin_weight_update(self) -> None:
+        self.engine.begin_weight_update()
+
+    def update_weights(self, payload: bytes) -> None:
+        self.engine.update_weights(_unpack(payload))
+
+    def finish_weight_update(self) -> None:
+        self.engine.finish_weight_update()
+
+    def check_weights(self, payload: bytes, atol: float) -> WeightCheck:
+        return self.engine.check_weights(_unpack(payload), atol)
+
+    def release_memory(self) -> None:
+        self.engine.release_memory()
+
+    def resume_memory(self) -> None:
+        self.engine.resume_memory()
+
+
+class RemoteEngine(RolloutEngine):
+    """An EngineActor seen through the RolloutEngine interface (blocking calls)."""
+
+    def __init__(self, handle: Any):
+        self.handle = handle
+
+    def generate(self, prompts, params):
+        return ray.get(self.handle.generate.remote(prompts, params))
+
+    def begin_weight_update(self) -> None:
+        ray.get(self.handle.begin_weight_update.remote())
+
+    def update_weights(self, bucket) -> None:
+        ray.get(self.handle.update_weights.remote(_pack(bucket)))
+
+    def finish_weight_update(self) -> None:
+        ray.get(self.handle.finish_weight_update.remote())
+
+    def check_weights(self, named_tensors: Iterable[Tuple[str, torch.Tensor]], atol: float = 0.0) -> WeightCheck:
+        # A remote call needs its arguments whole: the check sends the tensors in one message.
+        return ray.get(self.handle.check_weights.remote(_pack(named_tensors), atol))
+
+    def release_memory(self) -> None:
+        ray.get(self.handle.release_memory.remote())
+
+    def resume_memory(self) -> None:
+        ray.get(self.handle.resume_memory.remote())
+
+
+def _pack(named_tensors) -> bytes:
+    """Tensors travel to engines as safetensors bytes, not pickles: once Megatron is imported, torch
+    pickles name `megatron.core.safe_globals`, which an engine's process need not (and on CPU cannot)
+    import. The order of the names is kept."""
+    from safetensors.torch import save
+
+    named = [(name, tensor.detach().contiguous()) for name, tensor in named_tensors]
+    order = json.dumps([name for name, _ in named])
+    return save({name: tensor.clone() for name, tensor in named}, metadata={"order": order})
+
+
+def _unpack(payload: bytes) -> List[Tuple[str, torch.Tensor]]:
+    from safetensors.torch import load
+
+    tensors = load(payload)
+    order = json.loads(_safetensors_metadata(payload)["order"])
+    return [(name, tensors[name]) for name in order]
+
+
+def _safetensors_metadata(payload: bytes) -> Dict[str, str]:
+    header_size = int.from_bytes(payload[:8], "little")
+    return json.loads(payload[8:8 + header_size]).get("__metadata__", {})
+
+
+@ray.remote
+class RewardActor:
+    """Scores responses with a reward function in a pool of worker processes with time limits."""
+
+    def __init__(self, function: str, num_workers: int, timeout_s: float):
+        from hacpo_megatron.rewards import RewardPool, load_reward_function
+
+        self.pool = RewardPool(load_reward_function(function), num_workers=num_workers, timeout_s=timeout_s)
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def score(self, items: list) -> Tuple[List[float], Dict[str, float]]:
+        return self.pool.score(items)
+
+    def close(self) -> None:
+        self.pool.close()
+
+
+def engine_actor_name(run_name: str, agent_name: str) -> str:
+    return f"hacpo-engine-{run_name}-{agent_name}"

@@ -1,0 +1,395 @@
+"""Algorithm 1 of the paper across the torchrun world: the loop every rank runs.
+
+    for each step:
+      1. sample B prompts                       (every rank: the same seeded sampler)
+      2. every agent generates G responses      (rank 0 drives the engine actors, all agents at once)
+      3. score all n*B*G responses              (rank 0, reward actor with time limits)
+      4. capabilities P_k, advantages A~        (every rank, deterministic from the broadcast rewards)
+      5. old log-probs of own responses         (each agent on its ranks, shared with every rank)
+      6. learner k: own + bridged rows, M updates of the loss     (each agent on its ranks)
+      7. push new weights to k's engine         (each agent, from its engine rank)
+      8. log; evaluate every K steps; checkpoint
+
+Agents sharing ranks run their phases one after another (time-sharing); agents on disjoint ranks
+run theirs at the same time. Rank 0 is the driver of everything that is not per agent.
+"""
+from __future__ import annotations
+
+import os
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+import numpy as np
+import ray
+import torch
+import torch.distributed as dist
+
+from hacpo_megatron.algorithms import CapabilityTracker, resolve_algorithm, step_advantages
+from hacpo_megatron.bridge import load_tokenizer
+from hacpo_megatron.config import Config, dump_config
+from hacpo_megatron.data import PromptSampler, load_prompts
+from hacpo_megatron.models.build import AgentModel
+from hacpo_megatron.models.presets import load_hf_config_dict
+from hacpo_megatron.orchestrator.actors import ACTOR_OPTIONS, EngineActor, RemoteEngine, RewardActor, engine_actor_name
+from hacpo_megatron.orchestrator.ray_runtime import RayRuntime
+from hacpo_megatron.parallel.groups import AgentParallel, create_agent_groups, init_distributed
+from hacpo_megatron.parallel.layout import required_world_size
+from hacpo_megatron.rollout.base import SamplingParams
+from hacpo_megatron.rollout.weight_sync import engine_rank, sync_weights
+from hacpo_megatron.training import checkpointing
+from hacpo_megatron.training.step_data import (
+    OldLogProbs, learner_rows, own_sequences, render_prompts, reward_items, rewards_tensor, rollout_stats,
+)
+from hacpo_megatron.training.trainer import AgentTrainer, TrainHyperparams
+
+# (agent config, its parallel layout, its HF config, seed) -> this rank's AgentModel with initial weights
+ModelProvider = Callable[[Any, AgentParallel, Dict[str, Any], int], AgentModel]
+ENGINE_RETRIES = 3
+
+
+@dataclass
+class RunOptions:
+    output_dir: str
+    resume: bool = False
+    ray_address: Optional[str] = None
+    kill_engine_at_step: Optional[int] = None  # fault injection for tests: kill agent 0's engine once
+    weight_check: bool = False  # verify engine weights after every sync
+
+
+@dataclass
+class Agents:
+    """This rank's view of the agents: configs and tokenizers of all, models and trainers of its own."""
+
+    configs: list
+    parallel: List[AgentParallel]
+    hf_configs: List[Dict[str, Any]]
+    tokenizers: list
+    trainers: Dict[int, AgentTrainer] = field(default_factory=dict)
+    references: Dict[int, AgentModel] = field(default_factory=dict)
+    engines: Dict[int, Any] = field(default_factory=dict)  # EngineActor handles (rank 0 and engine ranks)
+
+    @property
+    def names(self) -> List[str]:
+        return [a.name for a in self.configs]
+
+
+def run_hacpo(cfg: Config, options: RunOptions, model_provider: ModelProvider) -> None:
+    init_distributed()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    needed = required_world_size(cfg.agents)
+    if world != needed:
+        raise SystemExit(f"the config's agents need {needed} processes (torchrun --nproc_per_node={needed}), got {world}")
+    spec = resolve_algorithm(cfg.algorithm.name, **{k: getattr(cfg.algorithm, k) for k in (
+        "capability_aware_advantage", "gradient_modulation", "cross_clip", "stepwise_clip")})
+    n, B = len(cfg.agents), cfg.data.prompt_batch_size
+    G = cfg.rollout.samples_per_prompt * spec.samples_multiplier
+    if rank == 0:
+        os.makedirs(options.output_dir, exist_ok=True)
+        dump_config(cfg, os.path.join(options.output_dir, "config.yaml"))
+    _seed_everything(cfg.run.seed)
+
+    agents = Agents(configs=list(cfg.agents), parallel=create_agent_groups(cfg.agents),
+                    hf_configs=[load_hf_config_dict(a.model) for a in cfg.agents],
+                    tokenizers=[load_tokenizer(_tokenizer_name(a)) for a in cfg.agents])
+    for k, (agent_cfg, parallel) in enumerate(zip(cfg.agents, agents.parallel)):
+        if parallel.is_member:
+            model = model_provider(agent_cfg, parallel, agents.hf_configs[k], cfg.run.seed + k)
+            agents.trainers[k] = AgentTrainer(model, spec, _hyperparams(cfg, agent_cfg, spec))
+            if cfg.algorithm.kl_coef > 0:
+                agents.references[k] = model_provider(agent_cfg, parallel, agents.hf_configs[k], cfg.run.seed + k)
+
+    checkpointing.save_tokenizers(options.output_dir, agents)
+    runtime = RayRuntime.connect(options.ray_address)
+    reward_actor = _start_actors(cfg, agents, rank)
+    train_set = load_prompts(cfg.data.train, "train")
+    eval_set = load_prompts(cfg.data.eval, "eval")[: cfg.data.eval_max_prompts] if cfg.data.eval else []
+    sampler = PromptSampler(train_set, B, seed=cfg.run.seed, shuffle=cfg.data.shuffle)
+    tracker = CapabilityTracker(n, cfg.algorithm.capability_window, reward_range=_reward_range(cfg))
+
+    start_step = 0
+    if options.resume:
+        start_step = checkpointing.load_latest(options.output_dir, agents, tracker, sampler)
+    _push_all_weights(agents, options)
+
+    reporter = _reporter(cfg, agents, options, start_step) if rank == 0 else None
+    if rank == 0 and start_step == 0 and cfg.data.eval_every and eval_set:
+        reporter.log_eval(0, _evaluate(cfg, agents, eval_set, reward_actor))
+    try:
+        for step in range(start_step, cfg.run.total_steps):
+            records = _hacpo_step(step, cfg, spec, agents, sampler, tracker, reward_actor, options, G)
+            if rank == 0:
+                reporter.log_step(step + 1, records)
+            done = step + 1
+            if rank == 0 and cfg.data.eval_every and eval_set and (done % cfg.data.eval_every == 0 or
+                                                                      done == cfg.run.total_steps):
+                reporter.log_eval(done, _evaluate(cfg, agents, eval_set, reward_actor))
+            if (cfg.checkpoint.save_every and done % cfg.checkpoint.save_every == 0) or done == cfg.run.total_steps:
+                checkpointing.save(options.output_dir, done, agents, tracker, sampler, keep_last=cfg.checkpoint.keep_last)
+    finally:
+        if reporter is not None:
+            reporter.close()
+        if rank == 0 and reward_actor is not None:
+            ray.get(reward_actor.close.remote())
+        dist.barrier()
+        if rank != 0:
+            runtime.shutdown()
+        dist.barrier()
+        if rank == 0:
+            runtime.shutdown()
+
+
+# ---------------------------------------------------------------------------------------- one step
+def _hacpo_step(step, cfg, spec, agents: Agents, sampler, tracker, reward_actor, options, G) -> List[Dict[str, float]]:
+    rank, n = dist.get_rank(), len(agents.configs)
+    times: Dict[str, float] = {}
+    t_step = time.perf_counter()
+    prompts = sampler.next_batch()
+    prompt_ids = [render_prompts(tok, prompts) for tok in agents.tokenizers]
+    B = len(prompts)
+
+    # 2-3. rollouts and rewards, driven by rank 0, then broadcast
+    payload = [None]
+    if rank == 0:
+        if options.kill_engine_at_step == step:
+            _kill_engine(agents.engines[0])
+        t = time.perf_counter()
+        rollouts, failed = _generate_all(agents, prompt_ids, _sampling(cfg, G, step))
+        times["time/rollout"] = time.perf_counter() - t
+        payload = [(rollouts, failed)]
+    dist.broadcast_object_list(payload, src=0)
+    rollouts, failed = payload[0]
+    for attempt in range(ENGINE_RETRIES):
+        if not failed:
+            break  # an engine died: its restarted actor gets the weights again, then the rollout is redone
+        _push_all_weights(agents, options, only=failed)
+        payload = [None]
+        if rank == 0:
+            redo, failed = _generate_all(agents, prompt_ids, _sampling(cfg, G, step), only=failed)
+            for k, completions in redo.items():
+                rollouts[k] = completions
+            payload = [(rollouts, failed)]
+        dist.broadcast_object_list(payload, src=0)
+        rollouts, failed = payload[0]
+    if failed:
+        raise RuntimeError(f"rollout engines of agents {failed} failed {ENGINE_RETRIES + 1} times at step {step}")
+
+    payload = [None]
+    if rank == 0:
+        t = time.perf_counter()
+        scores, reward_stats = ray.get(reward_actor.score.remote(reward_items(prompts, rollouts)))
+        times["time/reward"] = time.perf_counter() - t
+        payload = [(scores, reward_stats)]
+    dist.broadcast_object_list(payload, src=0)
+    scores, reward_stats = payload[0]
+    rewards = rewards_tensor(scores, n, B, G)
+
+    # 4. capabilities and advantages
+    capabilities = tracker.update(rewards)
+    advantages = step_advantages(rewards, capabilities, spec, omega_clamp=_omega_clamp(cfg),
+                                 eps=cfg.algorithm.advantage_eps, reward_range=_reward_range(cfg))
+
+    # 5. old log-probs of own responses, shared with every rank
+    t = time.perf_counter()
+    old = _old_logprobs(agents, prompt_ids, rollouts)
+    reference = {k: _agent_logprobs(agents.trainers[k], agents.references[k], own_sequences(prompt_ids[k], rollouts[k]))
+                 for k in agents.references}
+    times["time/logprob"] = time.perf_counter() - t
+
+    # 6-7. each hosted learner: bridge, train, push weights
+    local: Dict[int, Dict[str, float]] = {}
+    for k, trainer in agents.trainers.items():
+        t = time.perf_counter()
+        rows, bridge_stats = learner_rows(k, prompts=prompts, rollouts=rollouts, old=old, effective=advantages.effective,
+                                          trains_on=advantages.trains_on, tokenizers=agents.tokenizers,
+                                          prompt_ids=prompt_ids, ref_token_logp=reference.get(k))
+        t_bridge = time.perf_counter() - t
+        t = time.perf_counter()
+        updates = trainer.train_step(rows, B)
+        t_train = time.perf_counter() - t
+        t = time.perf_counter()
+        sync = _push_weights(agents, k, options)
+        local[k] = {**_mean_over_updates(updates), **bridge_stats, **sync,
+                    "time/bridge": t_bridge, "time/train": t_train, "time/weight_sync": time.perf_counter() - t}
+
+    # 8. metrics: each agent's output rank reports; rank 0 assembles one record per agent
+    reported = [None] * dist.get_world_size()
+    dist.all_gather_object(reported, {k: m for k, m in local.items() if agents.parallel[k].agent_rank == 0})
+    if rank != 0:
+        return []
+    per_agent = {k: m for part in reported for k, m in part.items()}
+    records = []
+    for k in range(n):
+        record = {"step": step + 1, "agent": agents.names[k], "reward_mean": float(rewards[k].mean()),
+                  "capability": float(capabilities[k]), **per_agent[k], **rollout_stats(rollouts[k]),
+                  **{f"omega_from/{agents.names[j]}": float(advantages.omega[j, k]) for j in range(n) if j != k},
+                  **{f"reward/{key}": float(v) for key, v in reward_stats.items() if isinstance(v, (int, float))},
+                  **{key: v for key, v in times.items()}}
+        record["time/step"] = time.perf_counter() - t_step
+        records.append(record)
+    return records
+
+
+def _mean_over_updates(updates: List[Dict[str, float]]) -> Dict[str, float]:
+    keys = updates[0].keys()
+    out = {key: float(np.nanmean([u[key] for u in updates])) if any(np.isfinite(u[key]) for u in updates)
+           else float("nan") for key in keys}
+    out["num_updates"] = float(len(updates))
+    return out
+
+
+# ---------------------------------------------------------------------------------------- phases
+def _generate_all(agents: Agents, prompt_ids, params_for, only: Optional[Sequence[int]] = None):
+    """Every agent's engine generates at once (Ray futures); agents whose actor died are returned."""
+    targets = list(only) if only is not None else list(range(len(agents.configs)))
+    futures = {k: agents.engines[k].generate.remote(prompt_ids[k], params_for(k)) for k in targets}
+    results, failed = {}, []
+    for k, future in futures.items():
+        try:
+            results[k] = ray.get(future)
+        except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError):
+            failed.append(k)
+    if only is not None:
+        return results, failed
+    return [results.get(k) for k in range(len(agents.configs))], failed
+
+
+def _sampling(cfg: Config, G: int, step: int) -> Callable[[int], SamplingParams]:
+    """Per-agent sampling parameters; the seed depends only on (run seed, step, agent): resumable."""
+    def for_agent(k: int) -> SamplingParams:
+        return SamplingParams(n=G, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
+                              max_new_tokens=cfg.rollout.max_response_length,
+                              seed=(cfg.run.seed * 1_000_003 + step * 1_009 + k) % (2**31))
+    return for_agent
+
+
+def _old_logprobs(agents: Agents, prompt_ids, rollouts) -> List[OldLogProbs]:
+    local = {}
+    for k, trainer in agents.trainers.items():
+        result = _agent_logprobs(trainer, None, own_sequences(prompt_ids[k], rollouts[k]))
+        if agents.parallel[k].agent_rank == 0:
+            local[k] = result
+    gathered = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, local)
+    merged = {k: v for part in gathered for k, v in part.items()}
+    return [OldLogProbs(sums=[sum(t) for t in merged[k]], lengths=[len(t) for t in merged[k]], tokens=merged[k])
+            for k in range(len(agents.configs))]
+
+
+def _agent_logprobs(trainer: AgentTrainer, model: Optional[AgentModel], sequences) -> List[List[float]]:
+    """Per-token log-probs of `sequences`, each data-parallel replica a share, gathered over DP."""
+    parallel = trainer.parallel
+    mine = sequences[parallel.dp_rank::parallel.dp_size]
+    if model is None:
+        result = trainer.sequence_logprobs(mine)
+    else:  # a frozen reference model of the same layout
+        from hacpo_megatron.models.logprobs import compute_sequence_logprobs
+
+        result = compute_sequence_logprobs(model, mine, temperature=trainer.hp.temperature,
+                                           max_sequences_per_micro_batch=trainer.hp.micro_batch_size)
+    tokens = [result.token_logprobs[i, : int(result.lengths[i])].tolist() for i in range(len(mine))]
+    if parallel.dp_size == 1:
+        return tokens
+    shares = [None] * parallel.dp_size
+    dist.all_gather_object(shares, tokens, group=parallel.dp_group)
+    out = [None] * len(sequences)
+    for r, share in enumerate(shares):
+        out[r::parallel.dp_size] = share
+    return out
+
+
+def _push_weights(agents: Agents, k: int, options: RunOptions) -> Dict[str, float]:
+    trainer = agents.trainers[k]
+    parallel = agents.parallel[k]
+    engine = RemoteEngine(agents.engines[k]) if parallel.rank == engine_rank(parallel) else None
+    metrics = sync_weights(trainer.ddp_model.module, agents.hf_configs[k], parallel, engine, check=options.weight_check)
+    if metrics.check is not None and not metrics.check.equal:
+        raise RuntimeError(f"agent {agents.names[k]}: engine weights differ after sync: {metrics.check.mismatched[:5]}")
+    return {"weight_sync/bytes": float(metrics.bytes), "weight_sync/seconds": metrics.seconds}
+
+
+def _push_all_weights(agents: Agents, options: RunOptions, only: Optional[Sequence[int]] = None) -> None:
+    for k in agents.trainers:
+        if only is None or k in only:
+            _push_weights(agents, k, options)
+    dist.barrier()
+
+
+def _evaluate(cfg: Config, agents: Agents, eval_set, reward_actor) -> Dict[str, float]:
+    """Held-out accuracy of every agent: one greedy answer per prompt, scored like training."""
+    params = SamplingParams(n=1, greedy=True, max_new_tokens=cfg.rollout.max_response_length)
+    futures = {k: agents.engines[k].generate.remote(render_prompts(agents.tokenizers[k], eval_set), params)
+               for k in range(len(agents.configs))}
+    accuracies = {}
+    for k, future in futures.items():
+        completions = ray.get(future)
+        scores, _ = ray.get(reward_actor.score.remote(reward_items(eval_set, [completions])))
+        accuracies[agents.names[k]] = float(np.mean(scores))
+    return accuracies
+
+
+# ---------------------------------------------------------------------------------------- set-up
+def _start_actors(cfg: Config, agents: Agents, rank: int):
+    """Rank 0 creates the engine actors (named) and the reward actor; engine ranks look theirs up."""
+    reward_actor = None
+    if rank == 0:
+        for k, agent_cfg in enumerate(cfg.agents):
+            options = dict(ACTOR_OPTIONS, name=engine_actor_name(cfg.run.name, agent_cfg.name), lifetime=None)
+            kwargs = {"model_path": agent_cfg.init_from} if agent_cfg.engine != "embedded" else None
+            agents.engines[k] = EngineActor.options(**options).remote(
+                agent_cfg.engine, agents.hf_configs[k], _tokenizer_name(agent_cfg), cfg.run.seed + k, kwargs)
+        ray.get([handle.pid.remote() for handle in agents.engines.values()])  # constructed and alive
+        reward_actor = RewardActor.options(**ACTOR_OPTIONS).remote(
+            cfg.reward.function, cfg.reward.num_workers, cfg.reward.timeout_s)
+        ray.get(reward_actor.pid.remote())
+    dist.barrier()
+    for k, parallel in enumerate(agents.parallel):
+        if parallel.is_member and rank == engine_rank(parallel) and k not in agents.engines:
+            agents.engines[k] = ray.get_actor(engine_actor_name(cfg.run.name, cfg.agents[k].name))
+    return reward_actor
+
+
+def _kill_engine(handle) -> None:
+    """Fault injection: end the actor's process as a crash would (Ray restarts it)."""
+    ray.kill(handle, no_restart=False)
+    time.sleep(1.0)
+
+
+def _hyperparams(cfg: Config, agent_cfg, spec) -> TrainHyperparams:
+    t, a = cfg.train, cfg.algorithm
+    return TrainHyperparams(
+        lr=agent_cfg.lr or t.lr, min_lr=t.min_lr, lr_warmup_steps=t.lr_warmup_steps, lr_schedule=t.lr_schedule,
+        total_steps=cfg.run.total_steps, weight_decay=t.weight_decay, adam_beta1=t.adam_beta1,
+        adam_beta2=t.adam_beta2, adam_eps=t.adam_eps, grad_clip=t.grad_clip,
+        prompts_per_mini_batch=t.mini_batch_size // spec.updates_multiplier, micro_batch_size=t.micro_batch_size,
+        temperature=cfg.rollout.temperature, clip_low=a.clip_low, clip_high=a.clip_high,
+        grpo_clip_low=a.grpo_clip_low, grpo_clip_high=a.grpo_clip_high, alpha=a.alpha, delta=a.delta,
+        delta_step=a.delta_step, kl_coef=a.kl_coef)
+
+
+def _reporter(cfg: Config, agents: Agents, options: RunOptions, start_step: int):
+    from hacpo_megatron.training.reporting import RunReporter
+
+    return RunReporter(options.output_dir, agents.names, total_steps=cfg.run.total_steps,
+                       tensorboard=cfg.logging.tensorboard, plots=cfg.logging.plots,
+                       progress_bar=cfg.logging.progress_bar, start_step=start_step)
+
+
+def _tokenizer_name(agent_cfg) -> str:
+    """A built-in tokenizer name or a folder: `tokenizer`, else the weights' or the model's folder."""
+    return agent_cfg.tokenizer or agent_cfg.init_from or agent_cfg.model
+
+
+def _reward_range(cfg: Config):
+    return tuple(cfg.reward.range) if cfg.reward.range is not None else None
+
+
+def _omega_clamp(cfg: Config):
+    return tuple(cfg.algorithm.omega_clamp) if cfg.algorithm.omega_clamp is not None else None
+
+
+def _seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)

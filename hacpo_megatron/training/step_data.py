@@ -1,0 +1,116 @@
+"""The data of one HACPO step across agents, as plain Python: rollouts -> rewards -> learner rows.
+
+    rollouts[j][b][i]   agent j's i-th completion of prompt b (rollout.base.Completion)
+    rewards  [n, B, G]  one score per completion
+    OldLogProbs[j]      the source trainer's log-probs of its own completions (sum, length, per token)
+    learner_rows(k)     learner k's SequenceRows: own completions + bridged ones of the other agents
+
+No processes here: the loop (training/loop.py) moves these objects between ranks.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+from hacpo_megatron.bridge import bridge_responses, render_prompt
+from hacpo_megatron.data.records import PromptRecord
+from hacpo_megatron.rewards import RewardItem
+from hacpo_megatron.rollout.base import Completion
+from hacpo_megatron.training.batch import SequenceRow
+
+Rollouts = List[List[List[Completion]]]  # [agent][prompt][sample]
+
+
+@dataclass
+class OldLogProbs:
+    """One agent's old log-probs of its own completions, flattened in (prompt, sample) order."""
+
+    sums: List[float]
+    lengths: List[int]
+    tokens: List[List[float]]  # per token, for GRPO's token-level ratio
+
+    def mean(self, index: int) -> float:
+        return self.sums[index] / self.lengths[index]
+
+
+def reward_items(prompts: Sequence[PromptRecord], rollouts: Rollouts) -> List[RewardItem]:
+    """One item per completion, in [agent][prompt][sample] order."""
+    return [
+        RewardItem(data_source=p.data_source, solution_str=c.text, ground_truth=p.ground_truth, extra_info=p.extra_info)
+        for agent in rollouts for p, group in zip(prompts, agent) for c in group
+    ]
+
+
+def rewards_tensor(scores: Sequence[float], n: int, B: int, G: int) -> torch.Tensor:
+    if len(scores) != n * B * G:
+        raise ValueError(f"expected {n * B * G} scores (n={n}, B={B}, G={G}), got {len(scores)}")
+    return torch.tensor(list(scores), dtype=torch.float64).reshape(n, B, G)
+
+
+def own_sequences(prompt_ids: Sequence[List[int]], completions: List[List[Completion]]) -> List[Tuple[List[int], List[int]]]:
+    """(prompt ids, response ids) of one agent's completions in (prompt, sample) order."""
+    return [(prompt_ids[b], c.token_ids) for b, group in enumerate(completions) for c in group]
+
+
+def rollout_stats(completions: List[List[Completion]]) -> Dict[str, float]:
+    flat = [c for group in completions for c in group]
+    return {
+        "response_length_mean": sum(len(c.token_ids) for c in flat) / len(flat),
+        "truncated_frac": sum(c.truncated for c in flat) / len(flat),
+    }
+
+
+def learner_rows(
+    k: int,
+    *,
+    prompts: Sequence[PromptRecord],
+    rollouts: Rollouts,
+    old: Sequence[OldLogProbs],
+    effective: torch.Tensor,
+    trains_on: torch.Tensor,
+    tokenizers: Sequence,
+    prompt_ids: Sequence[Sequence[List[int]]],
+    ref_token_logp: Optional[Sequence[List[float]]] = None,
+) -> Tuple[List[SequenceRow], Dict[str, float]]:
+    """Learner k's rows for the step, and how many bridged responses were dropped (empty for k).
+
+    Own rows keep the sampled ids, the learner's own old mean log-prob and per-token log-probs.
+    Other agents' rows are bridged into k's tokens and carry the source's sum / L_j.
+    """
+    n, B, G = effective.shape[1], len(prompts), len(rollouts[0][0])
+    rows: List[SequenceRow] = []
+    dropped = 0
+    for j in range(n):
+        if not trains_on[k, j]:
+            continue
+        if j == k:
+            for b in range(B):
+                for i, completion in enumerate(rollouts[k][b]):
+                    index = b * G + i
+                    rows.append(SequenceRow(
+                        prompt_ids=prompt_ids[k][b], response_ids=completion.token_ids,
+                        advantage=float(effective[k, k, b, i]), old_seq_logp=old[k].mean(index), is_cross=False,
+                        source=k, prompt_index=b, old_token_logp=old[k].tokens[index],
+                        ref_token_logp=ref_token_logp[index] if ref_token_logp is not None else None))
+            continue
+        flat = [c for group in rollouts[j] for c in group]
+        bridged = bridge_responses(
+            tokenizers[j], tokenizers[k], [c.token_ids for c in flat],
+            prompts_messages=[prompts[b].messages for b in range(B) for _ in range(G)],
+            source_logprob_sums=old[j].sums, finish_reasons=[c.finish_reason for c in flat])
+        for index, response in enumerate(bridged):
+            b, i = divmod(index, G)
+            if response.learner_length == 0:  # control tokens only: nothing for k to learn from
+                dropped += 1
+                continue
+            rows.append(SequenceRow(
+                prompt_ids=response.prompt_ids, response_ids=response.response_ids,
+                advantage=float(effective[k, j, b, i]), old_seq_logp=response.old_seq_logp, is_cross=True,
+                source=j, prompt_index=b))
+    return rows, {"bridge/dropped": float(dropped)}
+
+
+def render_prompts(tokenizer, prompts: Sequence[PromptRecord]) -> List[List[int]]:
+    return [render_prompt(tokenizer, p.messages) for p in prompts]

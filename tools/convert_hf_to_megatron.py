@@ -1,0 +1,103 @@
+"""Hugging Face model folder -> one agent's Megatron distributed checkpoint (self-describing).
+
+    python tools/convert_hf_to_megatron.py --hf-path HF_DIR --save CKPT_DIR                 # TP=1, PP=1
+    torchrun --nproc_per_node 4 tools/convert_hf_to_megatron.py --hf-path HF_DIR --save CKPT_DIR --tp 2 --pp 2
+
+The checkpoint loads at any TP/PP later (megatron reshards on load); --tp/--pp only choose how the
+conversion itself is split (memory per process: one TP x PP slice of the model plus one HF tensor).
+The output folder (see hacpo_megatron/checkpoint/megatron_io.py) carries the HF config and tokenizer.
+
+Everything that can be checked is checked before any work: supported architecture, complete weight
+files, TP dividing the heads, PP dividing the layers, an empty target. The checkpoint is written to
+`<save>.partial` and renamed to `<save>` when complete: an interrupted conversion never looks finished.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+from pathlib import Path
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+
+from hacpo_megatron.checkpoint.hf_io import (  # noqa: E402
+    GENERATION_CONFIG_FILE, check_empty_target, check_hf_weights_complete, fsync_tree, has_tokenizer, read_hf_config,
+)
+from hacpo_megatron.checkpoint.hf_mapping import load_hf_state_dict_into_model  # noqa: E402
+from hacpo_megatron.checkpoint.megatron_io import (  # noqa: E402
+    AgentState, check_parallel_layout, ensure_distributed, save_agent_checkpoint, single_agent_parallel,
+)
+from hacpo_megatron.models.architectures import read_architecture  # noqa: E402
+from hacpo_megatron.models.build import build_agent_model  # noqa: E402
+
+PARTIAL_SUFFIX = ".partial"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def convert_hf_to_megatron(hf_path: str, save: str, *, tensor_parallel: int = 1, pipeline_parallel: int = 1,
+                           dtype: Optional[str] = None, name: Optional[str] = None) -> Path:
+    """Convert; collective over the world (ranks 0 .. TP*PP-1 hold the model). Returns the folder.
+
+    `dtype`: the checkpoint's parameter dtype; default: that of the HF weights (exact round trip).
+    """
+    hf_path, save_path = Path(hf_path), Path(save)
+    # ---- checks before work (every rank makes them; they only read headers) ----
+    hf_config = read_hf_config(hf_path)
+    arch = read_architecture(hf_config)
+    check_parallel_layout(arch, tensor_parallel, pipeline_parallel)
+    weights = check_hf_weights_complete(hf_path, arch)
+    check_empty_target(save_path)
+    params_dtype = DTYPES[dtype] if dtype else weights.dtype_of("model.embed_tokens.weight")
+
+    ensure_distributed()
+    parallel = single_agent_parallel(name or save_path.name, tensor_parallel, pipeline_parallel)
+    partial = save_path.with_name(save_path.name + PARTIAL_SUFFIX)
+    if dist.get_rank() == 0 and partial.exists():
+        shutil.rmtree(partial)  # left by an interrupted conversion
+    dist.barrier()
+
+    agent = None
+    if parallel.is_member:
+        agent = build_agent_model(hf_config, parallel, params_dtype=params_dtype)
+        load_hf_state_dict_into_model(agent.model, weights, hf_config, parallel)  # one tensor at a time
+    tokenizer_dir = hf_path if has_tokenizer(hf_path) else None
+    save_agent_checkpoint(partial, AgentState(parallel, hf_config, agent, tokenizer_dir=tokenizer_dir))
+
+    if dist.get_rank() == 0:
+        if (hf_path / GENERATION_CONFIG_FILE).is_file():
+            shutil.copy2(hf_path / GENERATION_CONFIG_FILE, partial / GENERATION_CONFIG_FILE)
+        fsync_tree(partial)
+        if save_path.exists():
+            save_path.rmdir()  # empty (checked above)
+        os.replace(partial, save_path)
+    dist.barrier()
+    return save_path
+
+
+def main(argv: Optional[list] = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--hf-path", required=True, help="Hugging Face model folder (config.json + safetensors)")
+    parser.add_argument("--save", required=True, help="new (or empty) folder for the Megatron checkpoint")
+    parser.add_argument("--tp", type=int, default=1, help="tensor parallel size of the conversion")
+    parser.add_argument("--pp", type=int, default=1, help="pipeline parallel size of the conversion")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default=None,
+                        help="parameter dtype of the checkpoint (default: that of the HF weights)")
+    parser.add_argument("--name", default=None, help="agent name recorded in metadata.json (default: folder name)")
+    args = parser.parse_args(argv)
+    try:
+        path = convert_hf_to_megatron(args.hf_path, args.save, tensor_parallel=args.tp, pipeline_parallel=args.pp,
+                                      dtype=args.dtype, name=args.name)
+    except (ValueError, FileExistsError) as error:  # bad input: a message, not a traceback
+        sys.exit(f"convert_hf_to_megatron: error: {error}")
+    if dist.get_rank() == 0:
+        print(f"saved Megatron checkpoint (TP={args.tp}, PP={args.pp}) to {path}")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

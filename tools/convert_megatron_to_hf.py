@@ -1,0 +1,127 @@
+"""Megatron agent checkpoint(s) -> Hugging Face folder(s) that transformers loads.
+
+    python tools/convert_megatron_to_hf.py --load CKPT_DIR --save HF_DIR          # one agent
+    python tools/convert_megatron_to_hf.py --load runs/my_run --save HF_DIRS       # every agent of a run's
+                                                                                    # latest step: HF_DIRS/<agent>/
+
+`--load` is an agent checkpoint folder, a step folder, or a training run folder (its `latest` step).
+The output has config.json, sharded safetensors (with model.safetensors.index.json when more than one
+shard), the tokenizer files and generation_config.json when the checkpoint has them. Vocabulary padding
+is removed; with tied embeddings no lm_head is written (the HF model ties it to embed_tokens).
+
+Memory: run plainly, one process holds the model once (loaded at TP=1, PP=1) and one shard being
+written. Under `torchrun --nproc_per_node N` with --tp/--pp the model is split over N processes and
+tensors stream to rank 0 one at a time. Output goes to `<save>.partial` and is renamed when complete.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+from typing import Dict, Optional
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+
+from hacpo_megatron.checkpoint.hf_io import (  # noqa: E402
+    CONFIG_FILE, DEFAULT_MAX_SHARD_BYTES, GENERATION_CONFIG_FILE, check_empty_target, copy_tokenizer_files,
+    fsync_tree, parse_size, write_hf_weights,
+)
+from hacpo_megatron.checkpoint.hf_mapping import iter_hf_tensors  # noqa: E402
+from hacpo_megatron.checkpoint.megatron_io import (  # noqa: E402
+    check_parallel_layout, checkpoint_tokenizer_dir, ensure_distributed, find_agent_checkpoints,
+    is_agent_checkpoint, load_agent_checkpoint, read_checkpoint_hf_config, read_checkpoint_metadata,
+    single_agent_parallel,
+)
+from hacpo_megatron.models.architectures import read_architecture  # noqa: E402
+from hacpo_megatron.models.build import build_agent_model  # noqa: E402
+
+PARTIAL_SUFFIX = ".partial"
+
+
+def convert_megatron_to_hf(load: str, save: str, *, max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+                           tensor_parallel: int = 1, pipeline_parallel: int = 1) -> Dict[str, Path]:
+    """Export one agent (or every agent of a run's latest step); {agent name: HF folder}. Collective."""
+    load_path, save_path = Path(load), Path(save)
+    # ---- checks before work ----
+    checkpoints = find_agent_checkpoints(load_path)
+    for folder in checkpoints.values():
+        check_parallel_layout(read_architecture(read_checkpoint_hf_config(folder)), tensor_parallel, pipeline_parallel)
+    check_empty_target(save_path)
+
+    ensure_distributed()
+    partial = save_path.with_name(save_path.name + PARTIAL_SUFFIX)
+    if dist.get_rank() == 0:
+        if partial.exists():
+            shutil.rmtree(partial)  # left by an interrupted export
+        partial.mkdir(parents=True)
+    dist.barrier()
+    one_agent = is_agent_checkpoint(load_path)
+    targets = {}
+    for name, folder in checkpoints.items():
+        target = partial if one_agent else partial / name
+        export_agent(folder, target, name=name, max_shard_bytes=max_shard_bytes,
+                     tensor_parallel=tensor_parallel, pipeline_parallel=pipeline_parallel)
+        targets[name] = save_path if one_agent else save_path / name
+    if dist.get_rank() == 0:
+        fsync_tree(partial)
+        if save_path.exists():
+            save_path.rmdir()  # empty (checked above)
+        os.replace(partial, save_path)
+    dist.barrier()
+    return targets
+
+
+def export_agent(folder: Path, target: Path, *, name: str, max_shard_bytes: int,
+                 tensor_parallel: int, pipeline_parallel: int) -> None:
+    """Load one agent checkpoint at TP x PP and write its HF folder from global rank 0."""
+    metadata = read_checkpoint_metadata(folder)
+    hf_config = read_checkpoint_hf_config(folder)
+    parallel = single_agent_parallel(name, tensor_parallel, pipeline_parallel)
+    if parallel.is_member:
+        agent = build_agent_model(hf_config, parallel, params_dtype=getattr(torch, metadata.params_dtype))
+        load_agent_checkpoint(folder, agent)
+        tensors = iter_hf_tensors(agent.model, hf_config, parallel)  # yields on rank 0 only
+        if dist.get_rank() == 0:
+            target.mkdir(parents=True, exist_ok=True)
+            write_hf_weights(tensors, target, max_shard_bytes=max_shard_bytes)
+        else:
+            for _ in tensors:  # take part in the gathers; nothing arrives here
+                pass
+    if dist.get_rank() == 0:
+        config = dict(hf_config, dtype=metadata.params_dtype)
+        (target / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+        tokenizer = checkpoint_tokenizer_dir(folder)
+        if tokenizer is not None:
+            copy_tokenizer_files(tokenizer, target)
+        if (folder / GENERATION_CONFIG_FILE).is_file():
+            shutil.copy2(folder / GENERATION_CONFIG_FILE, target / GENERATION_CONFIG_FILE)
+    dist.barrier()
+
+
+def main(argv: Optional[list] = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--load", required=True, help="agent checkpoint, step folder, or training run folder")
+    parser.add_argument("--save", required=True, help="new (or empty) folder for the Hugging Face model(s)")
+    parser.add_argument("--max-shard-size", default="5GB", help="largest safetensors shard (e.g. 5GB, 500MB)")
+    parser.add_argument("--tp", type=int, default=1, help="tensor parallel size to load at (needs torchrun)")
+    parser.add_argument("--pp", type=int, default=1, help="pipeline parallel size to load at (needs torchrun)")
+    args = parser.parse_args(argv)
+    try:
+        targets = convert_megatron_to_hf(args.load, args.save, max_shard_bytes=parse_size(args.max_shard_size),
+                                         tensor_parallel=args.tp, pipeline_parallel=args.pp)
+    except (ValueError, FileExistsError) as error:
+        sys.exit(f"convert_megatron_to_hf: error: {error}")
+    if dist.get_rank() == 0:
+        for name, path in targets.items():
+            print(f"exported {name} to {path}")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
