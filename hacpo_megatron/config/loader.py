@@ -232,6 +232,9 @@ def _validate(cfg: Config, where: _Where, errors: List[str]) -> None:
 
     _check(d.prompt_batch_size >= 1, errors, where, ("data", "prompt_batch_size"), "must be >= 1")
     _check(d.eval_every >= 0, errors, where, ("data", "eval_every"), "must be >= 0 (0 disables)")
+    _check(d.eval_samples >= 1, errors, where, ("data", "eval_samples"), "must be >= 1")
+    _check(not (d.eval_greedy and d.eval_samples > 1), errors, where, ("data", "eval_samples"),
+           "greedy evaluation gives one answer per prompt: set eval_samples: 1 or eval_greedy: false")
     _check(t.mini_batch_size >= 1 and d.prompt_batch_size % max(t.mini_batch_size, 1) == 0, errors, where,
            ("train", "mini_batch_size"),
            f"must divide data.prompt_batch_size={d.prompt_batch_size} (M = B / mini_batch_size), got {t.mini_batch_size}")

@@ -81,6 +81,8 @@ class DataConfig:
     prompt_batch_size: int = 128  # B
     eval_every: int = 10  # steps; 0 disables
     eval_max_prompts: Optional[int] = None
+    eval_samples: int = 1  # answers per held-out prompt; accuracy is their mean (avg@k)
+    eval_greedy: bool = True  # greedy answers; false: sampled at rollout.temperature with a fixed seed
     shuffle: bool = True
 
 
@@ -107,8 +109,8 @@ class TrainConfig:
     grad_clip: float = 1.0  # 0 disables
     params_dtype: Literal["auto", "fp32", "bf16"] = "auto"  # auto: bf16 on GPU, fp32 on CPU
     sft_warmup_steps: int = 0  # supervised warm-up before RL of random-init agents (0: none)
-    sft_warmup_batch_size: int = 32
-    sft_warmup_lr: float = 1e-3
+    sft_warmup_batch_size: int = 16
+    sft_warmup_lr: float = 5e-3
     sft_warmup_task: Optional[str] = None  # default: data.train
     sft_warmup_cache: str = ".cache/warmup"  # reused across runs, keyed by every setting that matters
 

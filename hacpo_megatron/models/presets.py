@@ -6,6 +6,7 @@ The tiny ones are random-initialised models for CPU runs and tests.
 """
 from __future__ import annotations
 
+import copy
 import json
 import os
 from typing import Any, Dict
@@ -44,12 +45,15 @@ PRESETS: Dict[str, Dict[str, Any]] = {
     "llama3.2-3b-instruct": dict(_LLAMA32, hidden_size=3072, intermediate_size=8192, num_hidden_layers=28,
                                  num_attention_heads=24, num_key_value_heads=8, head_dim=128),
     # ---- tiny random models for CPU runs and tests (vocabularies of the real tokenizers) ----
-    "tiny-qwen3": dict(_QWEN3, hidden_size=128, intermediate_size=384, num_hidden_layers=4,
+    # Sizes tuned with the supervised warm-up (benchmarks/bench_warmup.py): hidden 64 keeps the vocabulary-
+    # sized work of a CPU step small; 4 heads / 2 KV heads (TP=2), an even layer count (PP=2), head_dim 32
+    # (vLLM's CPU attention). Qwen3 is the deeper one; Llama's 131072 positions are its real ones (RoPE scaling).
+    "tiny-qwen3": dict(_QWEN3, hidden_size=64, intermediate_size=192, num_hidden_layers=4,
                        num_attention_heads=4, num_key_value_heads=2, head_dim=32, vocab_size=151936,
                        tie_word_embeddings=True, max_position_embeddings=2048),
-    "tiny-llama": dict(_LLAMA32, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+    "tiny-llama": dict(_LLAMA32, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                        num_attention_heads=4, num_key_value_heads=2, head_dim=32, vocab_size=128256,
-                       max_position_embeddings=2048, tie_word_embeddings=True),
+                       max_position_embeddings=131072, tie_word_embeddings=True),
     "tiny-qwen2": dict(architectures=["Qwen2ForCausalLM"], model_type="qwen2", hidden_act="silu",
                        rms_norm_eps=1e-6, vocab_size=151936, hidden_size=128, intermediate_size=384,
                        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, rope_theta=1000000.0,
@@ -61,7 +65,7 @@ PRESETS: Dict[str, Dict[str, Any]] = {
 def load_hf_config_dict(model: str) -> Dict[str, Any]:
     """The Hugging Face config of a preset name or of a model folder holding config.json."""
     if model in PRESETS:
-        return dict(PRESETS[model])
+        return copy.deepcopy(PRESETS[model])  # callers may write into nested dicts (rope_scaling)
     path = os.path.join(model, "config.json")
     if os.path.isfile(path):
         with open(path) as f:

@@ -6,6 +6,8 @@ log-probs itself from the step logits, with the temperature applied as the train
 """
 from __future__ import annotations
 
+import copy
+
 from typing import Dict, List, Sequence, Tuple
 
 import torch
@@ -19,7 +21,8 @@ def hf_model_from_config(hf_config: Dict, *, seed: int = 0, dtype: torch.dtype =
     """A randomly initialised transformers model from a config dict (presets or a config.json)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    fields = {k: v for k, v in hf_config.items() if k not in ("architectures", "model_type")}
+    # a deep copy: transformers writes into nested dicts (rope_scaling) of what it is given
+    fields = {k: copy.deepcopy(v) for k, v in hf_config.items() if k not in ("architectures", "model_type")}
     config = AutoConfig.for_model(hf_config["model_type"], **fields)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)

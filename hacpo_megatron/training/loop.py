@@ -222,6 +222,7 @@ def _hacpo_step(step, cfg, spec, agents: Agents, sampler, tracker, reward_actor,
     records = []
     for k in range(n):
         record = {"step": step + 1, "agent": agents.names[k], "reward_mean": float(rewards[k].mean()),
+                  "rollout/logprob_diff_max": _engine_trainer_logprob_gap(rollouts[k], old[k]),
                   "capability": float(capabilities[k]), **per_agent[k], **rollout_stats(rollouts[k]),
                   **{f"omega_from/{agents.names[j]}": float(advantages.omega[j, k]) for j in range(n) if j != k},
                   **{f"reward/{key}": float(v) for key, v in reward_stats.items() if isinstance(v, (int, float))},
@@ -229,6 +230,13 @@ def _hacpo_step(step, cfg, spec, agents: Agents, sampler, tracker, reward_actor,
         record["time/step"] = time.perf_counter() - t_step
         records.append(record)
     return records
+
+
+def _engine_trainer_logprob_gap(completions, old: OldLogProbs) -> float:
+    """Largest |engine log-prob - trainer log-prob| of a sampled token: ~0 when the engine samples
+    from the trainer's weights at the trainer's temperature (a broken weight sync shows here)."""
+    flat = [c for group in completions for c in group]
+    return max(abs(a - b) for c, tokens in zip(flat, old.tokens) for a, b in zip(c.logprobs, tokens))
 
 
 def _mean_over_updates(updates: List[Dict[str, float]]) -> Dict[str, float]:
@@ -317,8 +325,12 @@ def _push_all_weights(agents: Agents, options: RunOptions, only: Optional[Sequen
 
 
 def _evaluate(cfg: Config, agents: Agents, eval_set, reward_actor) -> Dict[str, float]:
-    """Held-out accuracy of every agent: one greedy answer per prompt, scored like training."""
-    params = SamplingParams(n=1, greedy=True, max_new_tokens=cfg.rollout.max_response_length)
+    """Held-out accuracy of every agent: the mean score of its answers (greedy, or k samples with a
+    seed that is the same at every evaluation, so successive evaluations differ by the weights only)."""
+    d = cfg.data
+    params = SamplingParams(n=d.eval_samples, greedy=d.eval_greedy, temperature=cfg.rollout.temperature,
+                            top_p=cfg.rollout.top_p, max_new_tokens=cfg.rollout.max_response_length,
+                            seed=cfg.run.seed + 99_991)
     futures = {k: agents.engines[k].generate.remote(render_prompts(agents.tokenizers[k], eval_set), params)
                for k in range(len(agents.configs))}
     accuracies = {}
@@ -371,9 +383,12 @@ def _hyperparams(cfg: Config, agent_cfg, spec) -> TrainHyperparams:
 def _reporter(cfg: Config, agents: Agents, options: RunOptions, start_step: int):
     from hacpo_megatron.training.reporting import RunReporter
 
+    # Records are numbered by completed steps (1-based); a resumed run keeps those up to its
+    # checkpoint's step and rewrites anything logged after it (steps the crash made it redo).
+    keep_before = start_step + 1 if options.resume else 0
     return RunReporter(options.output_dir, agents.names, total_steps=cfg.run.total_steps,
                        tensorboard=cfg.logging.tensorboard, plots=cfg.logging.plots,
-                       progress_bar=cfg.logging.progress_bar, start_step=start_step)
+                       progress_bar=cfg.logging.progress_bar, start_step=keep_before)
 
 
 def _tokenizer_name(agent_cfg) -> str:

@@ -1,0 +1,149 @@
+"""The whole program, end to end on CPU: `torchrun examples/hacpo_pretrain_style.py` with Ray actors.
+
+Small versions of the default run (few steps, small batches) so the suite stays in minutes; the
+full default run is `make run` (figures in docs/). Every run here is a real run: torchrun world,
+Megatron agents, Ray engine and reward actors, bridge, checkpoints.
+"""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+TORCHRUN = Path(sys.executable).with_name("torchrun")
+RAY = Path(sys.executable).with_name("ray")
+ENTRY = REPO / "examples" / "hacpo_pretrain_style.py"
+IGNORED = ("time/", "timestamp", "weight_sync/seconds", "reward/seconds", "reward/answers_per_s")
+
+pytestmark = [pytest.mark.slow, pytest.mark.distributed]
+
+
+def small_config(tmp: Path, cache: Path, **changes) -> dict:
+    config = yaml.safe_load((REPO / "configs" / "default.yaml").read_text())
+    config["run"].update(total_steps=3, name="e2e")
+    config["rollout"].update(samples_per_prompt=2)
+    config["data"].update(prompt_batch_size=4, eval_every=3, eval_max_prompts=8)
+    config["train"].update(mini_batch_size=2, micro_batch_size=8, sft_warmup_steps=20,
+                           sft_warmup_cache=str(cache))
+    config["logging"] = {"progress_bar": False, "tensorboard": True, "plots": True}
+    for section, values in changes.items():
+        if section == "agents":
+            config["agents"] = values
+        else:
+            config.setdefault(section, {}).update(values)
+    return config
+
+
+def launch(config: dict, out: Path, *extra: str, nproc: int = 2) -> subprocess.Popen:
+    path = out.with_suffix(".yaml")
+    path.write_text(yaml.safe_dump(config))
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", RAY_AUTH_MODE="disabled")
+    command = [str(TORCHRUN), "--standalone", "--nproc_per_node", str(nproc), str(ENTRY), "--config", str(path),
+               "--output-dir", str(out), *extra]
+    return subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+
+
+def run(config: dict, out: Path, *extra: str, nproc: int = 2, timeout: float = 600) -> str:
+    proc = launch(config, out, *extra, nproc=nproc)
+    try:
+        output, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise
+    assert proc.returncode == 0, output[-8000:]
+    return output
+
+
+def metrics(out: Path) -> list:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+
+
+def comparable(records: list) -> list:
+    return [{k: v for k, v in r.items() if not k.startswith(IGNORED)} for r in records]
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("warmup-cache")
+
+
+@pytest.fixture(scope="module")
+def reference_run(tmp_path_factory, cache):
+    out = tmp_path_factory.mktemp("reference") / "run"
+    run(small_config(out.parent, cache, checkpoint={"save_every": 1}), out)
+    return out
+
+
+def test_a_run_writes_everything_a_user_reads(reference_run):
+    out = reference_run
+    records = metrics(out)
+    train = [r for r in records if r["kind"] == "train"]
+    assert sorted({(r["step"], r["agent"]) for r in train}) == [
+        (s, a) for s in (1, 2, 3) for a in sorted(["llama-tiny", "qwen3-tiny"])]
+    for r in train:
+        for key in ("reward_mean", "capability", "own_ratio_mean", "cross_ratio_mean", "loss", "grad_norm",
+                    "time/rollout", "time/reward", "time/bridge", "time/logprob", "time/train", "time/weight_sync"):
+            assert key in r, key
+        assert r["num_own"] == 4 and r["num_cross"] == 4  # B/M = 2 prompts x G = 2, per update
+    evals = [r for r in records if r["kind"] == "eval"]
+    assert {r["step"] for r in evals} == {0, 3}
+    for name in ("config.yaml", "curves.png", "eval_accuracy.png", "summary.md"):
+        assert (out / name).stat().st_size > 0, name
+    assert any((out / "tensorboard").rglob("events.out.tfevents*"))
+    assert (out / "checkpoints" / "latest").read_text().strip() == "step_00000003"
+
+
+def test_resume_after_a_kill_gives_the_same_metrics(reference_run, tmp_path, cache):
+    out = tmp_path / "run"
+    config = small_config(tmp_path, cache, checkpoint={"save_every": 1})
+    proc = launch(config, out)
+    deadline = time.time() + 600
+    latest = out / "checkpoints" / "latest"
+    while not (latest.exists() and latest.read_text().strip() == "step_00000002"):
+        assert proc.poll() is None, "the run ended before it could be killed"
+        assert time.time() < deadline
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGKILL)  # the whole job, Ray included, as a crash would
+    proc.wait()
+    subprocess.run([str(RAY), "stop", "--force"], capture_output=True)  # a killed job leaves its local Ray
+    run(config, out, "--resume")
+    assert comparable(metrics(out)) == comparable(metrics(reference_run))
+
+
+def test_a_dead_rollout_engine_is_restarted_and_the_step_retried(reference_run, tmp_path, cache):
+    out = tmp_path / "run"
+    run(small_config(tmp_path, cache, checkpoint={"save_every": 1}), out, "--kill-engine-at-step", "1")
+    assert comparable(metrics(out)) == comparable(metrics(reference_run))  # nothing lost, nothing counted twice
+
+
+@pytest.mark.parametrize("algorithm", ["gspo", "gspo_x2", "naive", "grpo"])
+def test_baselines_run_to_completion(tmp_path, cache, algorithm):
+    out = tmp_path / "run"
+    config = small_config(tmp_path, cache, algorithm={"name": algorithm}, run={"total_steps": 2})
+    run(config, out)
+    train = [r for r in metrics(out) if r["kind"] == "train"]
+    assert len(train) == 4
+    if algorithm in ("gspo", "gspo_x2", "grpo"):
+        assert all(r["num_cross"] == 0 for r in train)  # single-agent baselines train on their own answers
+    if algorithm == "gspo_x2":
+        assert all(r["num_updates"] == 4 for r in train)  # twice the updates, 2G samples
+    if algorithm == "naive":  # shares rollouts, and treats the other agent's like its own (one GSPO loss)
+        assert all(r["num_own"] == 8 and r["num_cross"] == 0 for r in train)
+
+
+def test_three_agents_are_a_config_change(tmp_path, cache):
+    default = yaml.safe_load((REPO / "configs" / "default.yaml").read_text())["agents"]
+    third = {"name": "qwen2-tiny", "model": "tiny-qwen2", "tokenizer": "qwen3",
+             "parallel": {"tensor": 1, "pipeline": 1, "data": 1, "first_rank": 0}}
+    out = tmp_path / "run"
+    run(small_config(tmp_path, cache, agents=default + [third], run={"total_steps": 2}), out)
+    train = [r for r in metrics(out) if r["kind"] == "train"]
+    assert {r["agent"] for r in train} == {"qwen3-tiny", "llama-tiny", "qwen2-tiny"}
+    assert all(r["num_cross"] == 2 * r["num_own"] for r in train)  # two other agents
