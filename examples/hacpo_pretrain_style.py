@@ -13,7 +13,9 @@ hacpo_megatron/training/loop.py). The forward step and the loss are the library'
 (models/logprobs.py: vocab-parallel log-probs; algorithms/losses.py: the HACPO objective).
 """
 import argparse
+import faulthandler
 import os
+import signal
 import sys
 from typing import Any, Dict
 
@@ -83,6 +85,7 @@ def parse_args(argv=None):
 
 
 def main(argv=None) -> int:
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 PID` prints where a rank is
     args = parse_args(argv)
     try:
         cfg = load_config(args.config, args.overrides)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import ray
@@ -145,6 +146,18 @@ class RewardActor:
 
     def close(self) -> None:
         self.pool.close()
+
+
+def wait_until_alive(handle: Any, timeout_s: float = 300.0) -> int:
+    """Block until an actor (possibly restarting after a crash) answers; returns its process id."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return ray.get(handle.pid.remote(), timeout=30)
+        except (ray.exceptions.ActorUnavailableError, ray.exceptions.GetTimeoutError):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"actor {handle} did not come back within {timeout_s:.0f} s") from None
+            time.sleep(0.5)
 
 
 def engine_actor_name(run_name: str, agent_name: str) -> str:

@@ -32,7 +32,9 @@ from hacpo_megatron.config import Config, dump_config
 from hacpo_megatron.data import PromptSampler, load_prompts
 from hacpo_megatron.models.build import AgentModel
 from hacpo_megatron.models.presets import load_hf_config_dict
-from hacpo_megatron.orchestrator.actors import ACTOR_OPTIONS, EngineActor, RemoteEngine, RewardActor, engine_actor_name
+from hacpo_megatron.orchestrator.actors import (
+    ACTOR_OPTIONS, EngineActor, RemoteEngine, RewardActor, engine_actor_name, wait_until_alive,
+)
 from hacpo_megatron.orchestrator.ray_runtime import RayRuntime
 from hacpo_megatron.parallel.groups import AgentParallel, create_agent_groups, init_distributed
 from hacpo_megatron.parallel.layout import required_world_size
@@ -116,6 +118,7 @@ def run_hacpo(cfg: Config, options: RunOptions, model_provider: ModelProvider) -
     reporter = _reporter(cfg, agents, options, start_step) if rank == 0 else None
     if rank == 0 and start_step == 0 and cfg.data.eval_every and eval_set:
         reporter.log_eval(0, _evaluate(cfg, agents, eval_set, reward_actor))
+    finished = False
     try:
         for step in range(start_step, cfg.run.total_steps):
             records = _hacpo_step(step, cfg, spec, agents, sampler, tracker, reward_actor, options, G)
@@ -127,16 +130,20 @@ def run_hacpo(cfg: Config, options: RunOptions, model_provider: ModelProvider) -
                 reporter.log_eval(done, _evaluate(cfg, agents, eval_set, reward_actor))
             if (cfg.checkpoint.save_every and done % cfg.checkpoint.save_every == 0) or done == cfg.run.total_steps:
                 checkpointing.save(options.output_dir, done, agents, tracker, sampler, keep_last=cfg.checkpoint.keep_last)
+        finished = True
     finally:
         if reporter is not None:
             reporter.close()
-        if rank == 0 and reward_actor is not None:
-            ray.get(reward_actor.close.remote())
-        dist.barrier()
-        if rank != 0:
-            runtime.shutdown()
-        dist.barrier()
-        if rank == 0:
+        if finished:  # an orderly end: the others leave Ray first, then rank 0 stops it
+            if rank == 0 and reward_actor is not None:
+                ray.get(reward_actor.close.remote())
+            dist.barrier()
+            if rank != 0:
+                runtime.shutdown()
+            dist.barrier()
+        # After an error no collective may run (the other ranks may be anywhere): leave Ray and
+        # let the exception end this process, so that torchrun stops the others.
+        if rank == 0 or not finished:
             runtime.shutdown()
 
 
@@ -318,8 +325,11 @@ def _push_weights(agents: Agents, k: int, options: RunOptions) -> Dict[str, floa
 
 
 def _push_all_weights(agents: Agents, options: RunOptions, only: Optional[Sequence[int]] = None) -> None:
+    """Every hosted agent's weights to its engine; `only`: engines that were just restarted."""
     for k in agents.trainers:
         if only is None or k in only:
+            if only is not None and k in agents.engines:  # this rank talks to k's engine
+                wait_until_alive(agents.engines[k])
             _push_weights(agents, k, options)
     dist.barrier()
 
