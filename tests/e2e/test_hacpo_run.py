@@ -6,18 +6,17 @@ Megatron agents, Ray engine and reward actors, bridge, checkpoints.
 """
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 TORCHRUN = Path(sys.executable).with_name("torchrun")
-RAY = Path(sys.executable).with_name("ray")
 ENTRY = REPO / "examples" / "hacpo_pretrain_style.py"
 IGNORED = ("time/", "timestamp", "weight_sync/seconds", "reward/seconds", "reward/answers_per_s")
 
@@ -50,12 +49,28 @@ def launch(config: dict, out: Path, *extra: str, nproc: int = 2) -> subprocess.P
                             start_new_session=True)
 
 
+def kill_tree(pid: int) -> None:
+    """SIGKILL a process and every descendant, by id: torchrun's workers (own process groups) and
+    the local Ray its rank 0 started, as a crash of the whole job would."""
+    try:
+        root = psutil.Process(pid)
+    except psutil.NoSuchProcess:
+        return
+    family = [root] + root.children(recursive=True)
+    for process in family:
+        try:
+            process.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(family, timeout=30)
+
+
 def run(config: dict, out: Path, *extra: str, nproc: int = 2, timeout: float = 600) -> str:
     proc = launch(config, out, *extra, nproc=nproc)
     try:
         output, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
+        kill_tree(proc.pid)
         raise
     assert proc.returncode == 0, output[-8000:]
     return output
@@ -110,9 +125,8 @@ def test_resume_after_a_kill_gives_the_same_metrics(reference_run, tmp_path, cac
         assert proc.poll() is None, "the run ended before it could be killed"
         assert time.time() < deadline
         time.sleep(0.2)
-    os.killpg(proc.pid, signal.SIGKILL)  # the whole job, Ray included, as a crash would
+    kill_tree(proc.pid)  # the whole job, Ray included, as a crash would
     proc.wait()
-    subprocess.run([str(RAY), "stop", "--force"], capture_output=True)  # a killed job leaves its local Ray
     run(config, out, "--resume")
     assert comparable(metrics(out)) == comparable(metrics(reference_run))
 
