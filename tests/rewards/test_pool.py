@@ -96,7 +96,8 @@ def test_plugin_errors_are_counted_not_raised(plugin_pool):
     scores, stats = plugin_pool.score(items(["raise", "nan", "not a number", "42"]))
     assert scores == [0.0, 0.0, 0.0, 1.0]
     assert stats["error"] == 3
-    assert "plug-in bug" in stats["first_error"]
+    # workers score in parallel, so which error comes first is not fixed; it is one of the three
+    assert any(reason in stats["first_error"] for reason in ("plug-in bug", "returned nan", "returned 'high'"))
 
 
 def test_plugin_pool_screens_only_size():

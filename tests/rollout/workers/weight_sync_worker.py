@@ -28,7 +28,8 @@ from hacpo_megatron.rollout.weight_sync import check_engine_weights, engine_rank
 from tests.models.workers.reference import TEST_CONFIGS
 
 HF_CONFIG = TEST_CONFIGS["qwen3"]  # tied embeddings, QK-norm, GQA; vocabulary 1000 (padded to 1024)
-BUCKET_BYTES = 200 * 1024  # the model has ~2.4 MB of weights: a dozen buckets
+# the embedding alone (1000 x hidden fp32) is bigger than a bucket; the rest needs several buckets
+BUCKET_BYTES = 100 * 1024
 LAYOUTS = [
     AgentConfig(name="tp2", parallel=ParallelConfig(tensor=2, first_rank=0)),
     AgentConfig(name="pp2", parallel=ParallelConfig(pipeline=2, first_rank=0)),
