@@ -14,7 +14,6 @@ files, TP dividing the heads, PP dividing the layers, an empty target. The check
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import sys
 from pathlib import Path
@@ -26,7 +25,7 @@ import torch.distributed as dist
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 from hacpo_megatron.checkpoint.hf_io import (  # noqa: E402
-    GENERATION_CONFIG_FILE, check_empty_target, check_hf_weights_complete, fsync_tree, has_tokenizer, read_hf_config,
+    GENERATION_CONFIG_FILE, check_empty_target, check_hf_weights_complete, has_tokenizer, publish_folder, read_hf_config,
 )
 from hacpo_megatron.checkpoint.hf_mapping import load_hf_state_dict_into_model  # noqa: E402
 from hacpo_megatron.checkpoint.megatron_io import (  # noqa: E402
@@ -71,10 +70,7 @@ def convert_hf_to_megatron(hf_path: str, save: str, *, tensor_parallel: int = 1,
     if dist.get_rank() == 0:
         if (hf_path / GENERATION_CONFIG_FILE).is_file():
             shutil.copy2(hf_path / GENERATION_CONFIG_FILE, partial / GENERATION_CONFIG_FILE)
-        fsync_tree(partial)
-        if save_path.exists():
-            save_path.rmdir()  # empty (checked above)
-        os.replace(partial, save_path)
+        publish_folder(partial, save_path)
     dist.barrier()
     return save_path
 

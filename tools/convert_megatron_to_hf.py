@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import sys
 from pathlib import Path
@@ -30,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 from hacpo_megatron.checkpoint.hf_io import (  # noqa: E402
     CONFIG_FILE, DEFAULT_MAX_SHARD_BYTES, GENERATION_CONFIG_FILE, check_empty_target, copy_tokenizer_files,
-    fsync_tree, parse_size, write_hf_weights,
+    parse_size, publish_folder, write_hf_weights,
 )
 from hacpo_megatron.checkpoint.hf_mapping import iter_hf_tensors  # noqa: E402
 from hacpo_megatron.checkpoint.megatron_io import (  # noqa: E402
@@ -69,10 +68,7 @@ def convert_megatron_to_hf(load: str, save: str, *, max_shard_bytes: int = DEFAU
                      tensor_parallel=tensor_parallel, pipeline_parallel=pipeline_parallel)
         targets[name] = save_path if one_agent else save_path / name
     if dist.get_rank() == 0:
-        fsync_tree(partial)
-        if save_path.exists():
-            save_path.rmdir()  # empty (checked above)
-        os.replace(partial, save_path)
+        publish_folder(partial, save_path)
     dist.barrier()
     return targets
 

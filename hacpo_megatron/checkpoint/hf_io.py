@@ -303,6 +303,16 @@ def write_file_atomically(path: PathLike, text: str) -> None:
     _fsync_path(str(path.parent), os.O_RDONLY)
 
 
+def publish_folder(partial: PathLike, target: PathLike) -> None:
+    """Flush a finished `partial` folder and rename it to `target` (new or empty, checked before work),
+    so an interrupted conversion never looks finished."""
+    fsync_tree(partial)
+    target = Path(target)
+    if target.exists():
+        target.rmdir()  # empty: check_empty_target ran before any work
+    os.replace(partial, target)
+
+
 def check_empty_target(folder: PathLike) -> None:
     """A conversion writes into a new or empty folder, never over an existing model."""
     folder = Path(folder)
