@@ -1,7 +1,7 @@
 """The supervised warm-up of the two default agents: its cost and the accuracy it leaves, reproducibly.
 
-    .venv/bin/python benchmarks/bench_warmup.py [--seed 1234] [--steps 400] [--batch-size 16] [--lr 5e-3]
-        [--task synthetic:arithmetic?max_operand=9] [--cache-dir DIR] [--sequential] [--json OUT]
+    .venv/bin/python benchmarks/bench_warmup.py [--seed 1234] [--steps 1500] [--stop-accuracy 0.3]
+        [--batch-size 16] [--lr 5e-3] [--task synthetic:largest] [--cache-dir DIR] [--sequential] [--json OUT]
         [--set-qwen '{"num_hidden_layers": 3}'] [--set-llama '{...}'] [--eval-prompts N]
 
 Both agents (tiny-qwen3 with the Qwen3 tokenizer, tiny-llama with Llama 3.2's) are warmed up with
@@ -107,7 +107,8 @@ def _measure(name, config, tokenizer_name, settings, eval_prompts):
     train = load_prompts(settings["task_spec"], "train")[:eval_prompts]
     evaluation = load_prompts(settings["task_spec"], "eval")[:eval_prompts]
     key = warmup_key(config, tokenizer_name, settings["task_spec"], steps=settings["steps"],
-                     batch_size=settings["batch_size"], lr=settings["lr"], seed=settings["seed"])
+                     batch_size=settings["batch_size"], lr=settings["lr"], seed=settings["seed"],
+                     stop_accuracy=settings["stop_accuracy"])
     with open(os.path.join(settings["cache_dir"], key, INFO_FILE)) as f:
         info = json.load(f)
     torch.manual_seed(0)
@@ -118,7 +119,7 @@ def _measure(name, config, tokenizer_name, settings, eval_prompts):
         "eval_T1": _accuracy(engine, tokenizer, evaluation, n=4, seed=2),
         "eval_greedy": _accuracy(engine, tokenizer, evaluation, n=1, greedy=True),
         "teacher_forced": info.get("metrics"), "final_loss": info.get("final_loss"),
-        "train_seconds_in_cache": info.get("train_seconds"),
+        "train_seconds_in_cache": info.get("train_seconds"), "steps_run": info.get("steps_run"),
     }
 
 
@@ -129,6 +130,8 @@ def main():
     parser.add_argument("--batch-size", type=int, default=RECOMMENDED["batch_size"])
     parser.add_argument("--lr", type=float, default=RECOMMENDED["lr"])
     parser.add_argument("--task", default=RECOMMENDED["task_spec"])
+    parser.add_argument("--stop-accuracy", type=float, default=RECOMMENDED["stop_accuracy"],
+                        help="stop once T=1 accuracy on training problems reaches this (0: run every step)")
     parser.add_argument("--cache-dir", default=None, help="default: a fresh temporary folder (always trains)")
     parser.add_argument("--sequential", action="store_true", help="warm up one agent after the other")
     parser.add_argument("--set-qwen", type=json.loads, default={}, help="JSON overrides of tiny-qwen3")
@@ -139,7 +142,7 @@ def main():
 
     cache_dir = args.cache_dir or tempfile.mkdtemp(prefix="bench-warmup-")
     settings = dict(task_spec=args.task, steps=args.steps, batch_size=args.batch_size, lr=args.lr, seed=args.seed,
-                    cache_dir=cache_dir)
+                    cache_dir=cache_dir, stop_accuracy=args.stop_accuracy or None)
     overrides = {"qwen3-tiny": args.set_qwen, "llama-tiny": args.set_llama}
     jobs = [(name, _config(preset, overrides[name]), tokenizer, settings) for name, (preset, tokenizer) in AGENTS.items()]
 

@@ -63,7 +63,8 @@ def initial_weights(cfg: Config, agent_cfg: AgentConfig, parallel: AgentParallel
         return supervised_warmup(
             hf_config, agent_cfg.tokenizer or agent_cfg.model, cfg.train.sft_warmup_task or cfg.data.train,
             steps=cfg.train.sft_warmup_steps, batch_size=cfg.train.sft_warmup_batch_size,
-            lr=cfg.train.sft_warmup_lr, seed=seed, cache_dir=cfg.train.sft_warmup_cache)
+            lr=cfg.train.sft_warmup_lr, seed=seed, cache_dir=cfg.train.sft_warmup_cache,
+            stop_accuracy=cfg.train.sft_warmup_stop_accuracy)
 
     # The agent's first rank trains (or finds the cache); the others then read the cache.
     state = warm_up() if parallel.agent_rank == 0 else None

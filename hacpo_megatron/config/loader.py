@@ -3,6 +3,11 @@
 Every problem is reported at once, each with the file, the line where the key stands, and the key:
 
     configs/x.yaml:12: algorithm.alhpa: unknown key (known: alpha, capability_aware_advantage, ...)
+
+A config may start from another one: ``base: ../default.yaml`` (relative to the file) takes every section
+of that file and the keys written here replace its keys one by one (mappings merge, lists and values are
+replaced whole). So a baseline is the default run plus the three lines that differ, and a problem is
+reported in the file where its key was written.
 """
 from __future__ import annotations
 
@@ -46,10 +51,56 @@ def _key_lines(text: str) -> Dict[Path, int]:
     return lines
 
 
+Lines = Dict[Path, Tuple[str, int]]  # key path -> (file, line) where it was written
+
+
+def _read_layers(path: str, chain: Tuple[str, ...] = ()) -> Tuple[Dict[str, Any], Lines]:
+    """The data of a config file with its ``base`` files merged in, and where every key was written."""
+    if not os.path.isfile(path):
+        raise ConfigError(f"{chain[-1] + ': base: ' if chain else ''}{path}: config file not found")
+    if os.path.realpath(path) in chain:
+        raise ConfigError(f"{path}: base files form a cycle: {' -> '.join(chain + (os.path.realpath(path),))}")
+    with open(path) as f:
+        text = f.read()
+    try:
+        data = yaml.safe_load(text)
+        lines = {key: (path, line) for key, line in _key_lines(text).items()}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of sections, got {type(data).__name__}")
+    base = data.pop("base", None)
+    if base is None:
+        return data, lines
+    if not isinstance(base, str):
+        raise ConfigError(f"{path}:{lines[('base',)][1]}: base: must be a file name, got {base!r}")
+    base_data, base_lines = _read_layers(os.path.join(os.path.dirname(path), base),
+                                         chain + (os.path.realpath(path),))
+    return _merge(base_data, base_lines, data, lines, ())
+
+
+def _merge(base: Dict[str, Any], base_lines: Lines, over: Dict[str, Any], over_lines: Lines,
+           at: Path) -> Tuple[Dict[str, Any], Lines]:
+    merged, lines = dict(base), dict(base_lines)
+    for key, value in over.items():
+        path = at + (key,)
+        if isinstance(value, dict) and isinstance(base.get(key), dict):
+            merged[key], lines = _merge(base[key], lines, value, over_lines, path)
+            if path in over_lines:
+                lines[path] = over_lines[path]
+            continue
+        merged[key] = value  # replaced whole: forget where the base's version of it was written
+        lines = {p: w for p, w in lines.items() if p[: len(path)] != path}
+        lines.update({p: w for p, w in over_lines.items() if p[: len(path)] == path})
+    return merged, lines
+
+
 class _Where:
     """Formats 'file:line: key' for a key path; overrides are named as such."""
 
-    def __init__(self, source: str, lines: Dict[Path, int], overridden: Dict[Path, str]):
+    def __init__(self, source: str, lines: Lines, overridden: Dict[Path, str]):
         self.source, self.lines, self.overridden = source, lines, overridden
 
     def __call__(self, path: Path) -> str:
@@ -59,7 +110,8 @@ class _Where:
                 return f"--set {self.overridden[path[:length]]}: {key}"
         for length in range(len(path), -1, -1):
             if path[:length] in self.lines:
-                return f"{self.source}:{self.lines[path[:length]]}: {key}"
+                file, line = self.lines[path[:length]]
+                return f"{file}:{line}: {key}"
         return f"{self.source}: {key}"
 
 
@@ -243,6 +295,8 @@ def _validate(cfg: Config, where: _Where, errors: List[str]) -> None:
     _check(0 <= t.min_lr <= t.lr, errors, where, ("train", "min_lr"), "must be in [0, lr]")
     _check(t.sft_warmup_batch_size >= 1 and t.sft_warmup_lr > 0, errors, where, ("train", "sft_warmup_lr"),
            "sft_warmup_batch_size must be >= 1 and sft_warmup_lr > 0")
+    _check(t.sft_warmup_stop_accuracy is None or 0 < t.sft_warmup_stop_accuracy <= 1, errors, where,
+           ("train", "sft_warmup_stop_accuracy"), f"must be in (0, 1], got {t.sft_warmup_stop_accuracy}")
     for key in ("lr_warmup_steps", "sft_warmup_steps", "weight_decay", "grad_clip"):
         _check(getattr(t, key) >= 0, errors, where, ("train", key), "must be >= 0")
     for key in ("adam_beta1", "adam_beta2"):
@@ -304,21 +358,9 @@ def _validate_agent(agent: AgentConfig, path: Path, where: _Where, errors: List[
 def load_config(path: Optional[str], overrides: Sequence[str] = ()) -> Config:
     """Read, override and validate a config. Raises ConfigError listing every problem."""
     if path is None:
-        text, source = "{}", "<defaults>"
+        data, lines, source = {}, {}, "<defaults>"
     else:
-        if not os.path.isfile(path):
-            raise ConfigError(f"{path}: config file not found")
-        with open(path) as f:
-            text, source = f.read(), path
-    try:
-        data = yaml.safe_load(text)
-        lines = _key_lines(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{source}: not valid YAML: {exc}") from None
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"{source}: the top level must be a mapping of sections, got {type(data).__name__}")
+        (data, lines), source = _read_layers(path), path
     overridden: Dict[Path, str] = {}
     for text_override in overrides:
         overridden[_apply_override(data, text_override)] = text_override

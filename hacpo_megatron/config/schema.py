@@ -108,7 +108,9 @@ class TrainConfig:
     adam_eps: float = 1e-8
     grad_clip: float = 1.0  # 0 disables
     params_dtype: Literal["auto", "fp32", "bf16"] = "auto"  # auto: bf16 on GPU, fp32 on CPU
-    sft_warmup_steps: int = 0  # supervised warm-up before RL of random-init agents (0: none)
+    sft_warmup_steps: int = 0  # supervised warm-up before RL of random-init agents (0: none); at most this many
+    # steps with sft_warmup_stop_accuracy: stop once sampled (T=1) accuracy on training problems reaches it
+    sft_warmup_stop_accuracy: Optional[float] = None
     sft_warmup_batch_size: int = 16
     sft_warmup_lr: float = 5e-3
     sft_warmup_task: Optional[str] = None  # default: data.train

@@ -9,6 +9,11 @@ Tasks (all answers are integers, a few characters long):
   arithmetic_mixed  "What is 3 * 4 + 5?" -> 17. Like arithmetic with * too and usual precedence; default
                     3 operands of 0..9. The slightly harder task.
   linear_equation   "Solve for x: 3x + 2 = 14" -> 4. x in -max_operand..max_operand (default 10).
+  largest           "What is the largest of 7, 2 and 5?" -> 7. num_operands (default 3) numbers of
+                    0..max_operand (default 9). The default run's task: every problem is solved by the same
+                    skill (find the largest), so what an agent learns on training problems carries over to
+                    held-out ones; the arithmetic tables with single digits are too small for that (their
+                    held-out problems are table entries never seen in training).
 
 Splits. Every problem belongs to the held-out ("eval") or the training ("train") split by a hash (SHA-256)
 of its question text, EVAL_SHARE of them held out. So the splits are disjoint by construction and the
@@ -56,6 +61,12 @@ def _expression_problem(rng: random.Random, max_operand: int, num_operands: int,
     return f"What is {expression}?", eval(expression, {"__builtins__": {}})
 
 
+def _largest(rng: random.Random, max_operand: int = 9, num_operands: int = 3) -> Problem:
+    numbers = [rng.randint(0, max_operand) for _ in range(num_operands)]
+    listed = ", ".join(map(str, numbers[:-1])) + f" and {numbers[-1]}"
+    return f"What is the largest of {listed}?", max(numbers)
+
+
 def _linear_equation(rng: random.Random, max_operand: int = 10) -> Problem:
     x = rng.randint(-max_operand, max_operand)
     a = rng.randint(2, 9)
@@ -78,6 +89,7 @@ TASKS: Dict[str, Callable[..., Problem]] = {
     "arithmetic": _arithmetic,
     "arithmetic_mixed": _arithmetic_mixed,
     "linear_equation": _linear_equation,
+    "largest": _largest,
 }
 
 

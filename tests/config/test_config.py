@@ -106,6 +106,7 @@ def test_all_problems_are_reported_at_once(tmp_path):
         ("train.mini_batch_size=3", "must divide data.prompt_batch_size=8"),
         ("algorithm.name=gspo", None),
         ("rollout.temperature=0", "rollout.temperature: must be > 0"),
+        ("train.sft_warmup_stop_accuracy=1.5", "train.sft_warmup_stop_accuracy: must be in (0, 1]"),
     ],
 )
 def test_out_of_range_values_are_rejected(tmp_path, override, message):
@@ -172,3 +173,33 @@ def test_bad_config_fails_fast_from_the_command_line(tmp_path):
     assert time.monotonic() - start < 10
     assert proc.returncode == 2
     assert "algorithm.alhpa: unknown key" in proc.stderr
+
+
+def test_base_file_merges_key_by_key(tmp_path):
+    write(tmp_path, GOOD, "base.yaml")
+    (tmp_path / "sub").mkdir()
+    child = write(tmp_path, "base: ../base.yaml\nalgorithm:\n  name: gspo\ntrain:\n  lr: 3.0e-4\n", "sub/c.yaml")
+    cfg = load_config(child)
+    # the child's keys replace the base's one by one; everything else comes from the base
+    assert (cfg.algorithm.name, cfg.algorithm.alpha, cfg.train.lr) == ("gspo", 2.0, 3e-4)
+    assert (cfg.run.name, [a.name for a in cfg.agents], cfg.train.mini_batch_size) == ("t", ["a", "b"], 4)
+    # a list is replaced whole
+    one = write(tmp_path, "base: base.yaml\nagents:\n  - name: solo\n    model: tiny-qwen3\n", "one.yaml")
+    assert [a.name for a in load_config(one, ["algorithm.name=grpo"]).agents] == ["solo"]
+
+
+def test_base_file_errors_name_the_file_that_wrote_the_key(tmp_path):
+    base = write(tmp_path, GOOD.replace("  alpha: 2.0", "  alpha: -2.0"), "base.yaml")
+    child = write(tmp_path, "base: base.yaml\n\ntrain:\n  lr: -1\n", "c.yaml")
+    with pytest.raises(ConfigError) as err:
+        load_config(child)
+    assert f"{base}:9: algorithm.alpha" in str(err.value)  # written in the base...
+    assert f"{child}:4: train.lr" in str(err.value)  # ...and in the child
+    missing = write(tmp_path, "base: nowhere.yaml\n", "m.yaml")
+    with pytest.raises(ConfigError, match="base: .*nowhere.yaml: config file not found"):
+        load_config(missing)
+    write(tmp_path, "base: loop_b.yaml\n", "loop_a.yaml")
+    with pytest.raises(ConfigError, match="base files form a cycle"):
+        load_config(write(tmp_path, "base: loop_a.yaml\n", "loop_b.yaml"))
+    with pytest.raises(ConfigError, match="base: must be a file name"):
+        load_config(write(tmp_path, "base: [a, b]\n", "bad.yaml"))

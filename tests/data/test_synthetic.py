@@ -7,7 +7,7 @@ from hacpo_megatron.data.synthetic import TASKS, load_synthetic, parse_task_spec
 from hacpo_megatron.rewards.math_verify import compute_score
 
 SPECS = ["synthetic:arithmetic", "synthetic:arithmetic_mixed", "synthetic:linear_equation",
-         "synthetic:arithmetic?max_operand=5&num_operands=3"]
+         "synthetic:arithmetic?max_operand=5&num_operands=3", "synthetic:largest"]
 
 
 def fingerprint(records):
@@ -29,7 +29,7 @@ def test_splits_disjoint_and_distinct(spec):
     eval_questions = {r.question for r in evaluation}
     assert len(train_questions) == len(train) and len(eval_questions) == len(evaluation)
     assert not train_questions & eval_questions
-    assert len(evaluation) >= 30 and len(train) >= 4 * len(evaluation) or len(train) == 4096
+    assert len(evaluation) >= 30 and len(train) >= 3 * len(evaluation) or len(train) == 4096  # ~20 % held out
     assert len({r.uid for r in train + evaluation}) == len(train) + len(evaluation)
 
 
@@ -44,6 +44,10 @@ def test_answers_are_exact_and_short():
         expression = record.question.removeprefix("What is ").removesuffix("?")
         assert int(record.ground_truth) == eval(expression)
         assert len(record.ground_truth) <= 3  # 1-3 tokens for a tiny model
+    for record in load_prompts("synthetic:largest", "train"):  # "What is the largest of 7, 2 and 5?"
+        listed = record.question.removeprefix("What is the largest of ").removesuffix("?")
+        numbers = [int(n) for n in listed.replace(" and ", ", ").split(", ")]
+        assert len(numbers) == 3 and int(record.ground_truth) == max(numbers)
     for record in load_prompts("synthetic:linear_equation", "eval")[:50]:
         left, right = record.question.removeprefix("Solve for x: ").split(" = ")
         assert eval(left.replace("x", f"*({record.ground_truth})")) == int(right)
@@ -56,6 +60,10 @@ def test_difficulty_settings():
     hard = load_synthetic("arithmetic?num_operands=4&max_operand=99", "eval", size=20)
     assert len(hard) == 20 and all(len(r.question.split()) == 9 for r in hard)
     assert hard[0].data_source == "synthetic:arithmetic?num_operands=4&max_operand=99"
+    # The default run's task: the whole space of 1000 ordered triples of digits, split 784 / 216.
+    assert len(load_synthetic("synthetic:largest", "train")) + len(load_synthetic("synthetic:largest", "eval")) == 1000
+    wide = load_synthetic("synthetic:largest?num_operands=5&max_operand=99", "eval", size=10)
+    assert all(r.question.count(",") == 3 and " and " in r.question for r in wide)
 
 
 @pytest.mark.parametrize(

@@ -116,12 +116,12 @@ def test_cache_hit_and_miss(tmp_path, monkeypatch):
 
     # Every setting is part of the key: changing any one trains again, into its own folder.
     changes = [dict(SETTINGS, steps=5), dict(SETTINGS, batch_size=3), dict(SETTINGS, lr=2e-2),
-               dict(SETTINGS, seed=4)]
+               dict(SETTINGS, seed=4), dict(SETTINGS, stop_accuracy=0.5)]
     keys = {warmup_key(CONFIG, "llama3.2", TASK, **s) for s in changes}
     keys |= {warmup_key(dict(CONFIG, hidden_size=32), "llama3.2", TASK, **SETTINGS),
              warmup_key(CONFIG, "llama3.2", TASK + "&num_operands=3", **SETTINGS),
              warmup_key(CONFIG, "other-tokenizer", TASK, **SETTINGS)}
-    assert len(keys) == 7 and key not in keys
+    assert len(keys) == 8 and key not in keys
     supervised_warmup(CONFIG, "llama3.2", TASK, cache_dir=cache, **dict(SETTINGS, steps=5))
     assert warmup.TRAINING_RUNS == runs + 2
     assert len(list(tmp_path.iterdir())) == 2
@@ -156,3 +156,32 @@ def test_weights_load_into_a_fresh_model(tmp_path):
     state = supervised_warmup(CONFIG, "llama3.2", TASK, cache_dir=str(tmp_path), **SETTINGS)
     model = hf_model_from_config(copy.deepcopy(CONFIG), seed=0)
     model.load_state_dict(state)  # strict: every name present, shapes right
+
+
+def test_stops_at_the_first_check_that_reaches_the_accuracy(monkeypatch):
+    # Record the real accuracies the stop rule measures on a run that never reaches its target...
+    measured = []
+    real_metrics = warmup.answer_metrics
+
+    def recording(model, examples, pad_id, **kwargs):
+        result = real_metrics(model, examples, pad_id, **kwargs)
+        measured.append(result["p_exact"])
+        return result
+
+    monkeypatch.setattr(warmup, "answer_metrics", recording)
+    settings = dict(steps=60, batch_size=8, lr=1e-2, seed=0, measure=False)
+    _, info = train_warmup_model(CONFIG, "llama3.2", TASK, stop_accuracy=1.0, **settings)
+    assert info["steps_run"] == 60 and len(measured) == 5  # checks at steps 10, 20, ..., 50
+    assert measured[-1] > measured[0]  # it learns, so the rule has something to see
+
+    # ...then aim at the third check's value: the same (seeded) run stops exactly at the first check that
+    # reaches it, never earlier, and with the accuracy it saw at that check.
+    target = measured[2]
+    first = next(i for i, p in enumerate(measured) if p >= target)
+    trajectory, measured[:] = list(measured), []
+    model, info = train_warmup_model(CONFIG, "llama3.2", TASK, stop_accuracy=target, **settings)
+    assert info["steps_run"] == warmup.STOP_CHECK_EVERY * (first + 1) and info["stop_accuracy"] == target
+    assert measured == trajectory[: first + 1]
+    tokenizer = load_tokenizer("llama3.2")
+    probe = build_examples(tokenizer, load_prompts(TASK, "train"))[: warmup.STOP_PROBE_EXAMPLES]
+    assert real_metrics(model, probe, pad_token_id(tokenizer))["p_exact"] == pytest.approx(measured[-1], abs=1e-6)
