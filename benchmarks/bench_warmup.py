@@ -21,7 +21,6 @@ Figures on a shared 2-core machine vary with its load: the load average is print
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import multiprocessing as mp
 import os
@@ -99,7 +98,7 @@ def _measure(name, config, tokenizer_name, settings, eval_prompts):
     started = time.perf_counter()
     state = supervised_warmup(config, tokenizer_name, **settings)
     hit_seconds = time.perf_counter() - started
-    model = hf_model_from_config(copy.deepcopy(config), seed=settings["seed"])  # it edits nested dicts
+    model = hf_model_from_config(config, seed=settings["seed"])
     model.load_state_dict(state)
     tokenizer = load_tokenizer(tokenizer_name)
     engine = EmbeddedEngine(model, tokenizer, eos_token_ids=sorted(eos_token_ids(tokenizer)),

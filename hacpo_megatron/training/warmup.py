@@ -1,7 +1,8 @@
 """Supervised warm-up of a randomly initialised agent, cached on disk.
 
 Random weights earn no reward, so RL would have nothing to reinforce. Before RL each tiny agent is taught
-the task directly for a few hundred Adam steps: (the agent's chat-rendered prompt -> the bare answer followed
+the task directly for up to ``steps`` Adam steps (optionally stopping early at a measured accuracy, see
+``train_warmup_model``): (the agent's chat-rendered prompt -> the bare answer followed
 by the token that ends an assistant turn, ``tokenizer.eos_token``), with next-token cross-entropy on the
 answer tokens only.
 
@@ -14,8 +15,8 @@ is nearly all of the compute: the base model runs on the whole (right-padded, at
 the output layer only on the few positions that predict an answer token (2-4 per example).
 
 Cache. The trained weights are stored under ``<cache_dir>/<key>/`` with ``key`` = SHA-256 of every setting
-that changes the result (the config, tokenizer name, task spec, steps, batch size, lr, seed and
-FORMAT_VERSION). A folder is built under a temporary name and renamed into place when complete, so a crash
+that changes the result (the config, tokenizer name, task spec, steps, batch size, lr, seed, stop accuracy
+and FORMAT_VERSION). A folder is built under a temporary name and renamed into place when complete, so a crash
 never leaves a usable-looking half cache; a folder without its ``warmup.json`` marker is ignored and
 rebuilt. ``warmup.json`` also holds the settings and cheap accuracy measurements (see ``answer_metrics``).
 
@@ -303,7 +304,7 @@ def train_warmup_model(hf_config: dict, tokenizer_name: str, task_spec: str, *, 
     train = build_examples(tokenizer, load_prompts(task_spec, split="train"))
     if not train:
         raise ValueError(f"{task_spec!r} has no training problems")
-    model = hf_model_from_config(copy.deepcopy(hf_config), seed=seed).train()  # it edits nested dicts
+    model = hf_model_from_config(hf_config, seed=seed).train()
     optimizer = torch.optim.Adam(model.parameters(), lr=lr, betas=(0.9, 0.98), fused=True)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, functools.partial(lr_factor, steps=steps))
 
