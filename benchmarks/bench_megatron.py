@@ -244,13 +244,12 @@ def bench_model(name: str, hf_config: Dict, parallel, args) -> Tuple[List[Dict],
     old_seq_logp = reference.sums / reference.lengths  # what the RL step passes as old log-probs
 
     # ---- training update (megatron and HF each update their own copy of the weights)
-    hp = TrainHyperparams(lr=LR, prompts_per_mini_batch=work.num_prompts, micro_batch_size=micro_batch,
-                          temperature=TEMPERATURE)
+    hp = TrainHyperparams(lr=LR, micro_batch_size=micro_batch, temperature=TEMPERATURE)
     trainer = AgentTrainer(agent, resolve_algorithm("hacpo"), hp)
     train_rows = megatron_rows(work, old_seq_logp)
     optimizer = torch.optim.AdamW(hf.parameters(), lr=LR, weight_decay=0.01)  # megatron's "adam" decays like AdamW
     times = time_interleaved({
-        "megatron": lambda: trainer.train_step(train_rows, work.num_prompts),
+        "megatron": lambda: trainer.train_step([train_rows]),  # one update of every row
         "hf-full-logits": lambda: hf_train_update(hf, optimizer, chunks, work, old_seq_logp, False),
         "hf-response-logits": lambda: hf_train_update(hf, optimizer, chunks, work, old_seq_logp, True),
     }, **timing)

@@ -1,15 +1,28 @@
 """Algorithms by name: HACPO, its baselines, and its ablations, as switches over one code path.
 
-| name     | shares rollouts | advantage baseline        | omega modulation | loss on other agents' rows |
-| -------- | --------------- | ------------------------- | ---------------- | -------------------------- |
-| hacpo    | yes             | capability-aware          | yes              | exp. IS + stepwise clip    |
-| naive    | yes             | plain joint-group mean    | no               | same GSPO loss as own rows |
-| gspo     | no              | own group (GRPO-style)    | -                | -                          |
-| gspo_x2  | no (2G samples, twice the updates)                                                      |
-| grpo     | no, token-level ratio loss                                                               |
+| name     | shares rollouts | advantage baseline     | omega | loss on other agents' rows | their old log-prob    | M (paper) |
+| -------- | --------------- | ---------------------- | ----- | -------------------------- | --------------------- | --------- |
+| hacpo    | yes             | capability-aware       | yes   | exp. IS + stepwise clip    | source's sum / L_j    | n*B/mini = 4 |
+| naive    | yes             | plain joint-group mean | no    | same GSPO loss as own rows | learner's own (old)   | n*B/mini = 4 |
+| gspo     | no              | own group (GRPO-style) | -     | -                          | -                     | B/mini = 2 |
+| gspo_x2  | no, 2G samples  | own group              | -     | -                          | -                     | 2B/mini = 4 |
+| grpo     | no, token-level ratio loss                                                    | -         | B/mini = 2 |
+
+M, the updates per step, follows from every update seeing `train.mini_batch_size` x G responses
+(training/batch.py: UpdateSchedule); the paper's B = 128, mini-batch 64, G = 8 give the last column.
+
+Naive's old log-prob of another agent's response (the paper does not say): the learner's own, taken
+before the step's updates like that of its own responses. "Naive" treats shared responses like own
+ones; in verl, where the paper's runs were made, appending the shared responses to a learner's batch
+gives exactly this, since verl computes every row's old log-prob with the learner's actor. The other
+reading, the source's sum / L_j inside GSPO's +-3e-4 clip, makes almost every such ratio leave the
+clip range at once (the two policies differ by far more than 3e-4 per token), so those rows would
+either carry no gradient (clipped side) or an unbounded one: an importance-weighting variant, not the
+naive baseline. It stays available as `algorithm.cross_old_logprob: source`.
 
 Ablations of HACPO are switches on `hacpo`: capability_aware_advantage=False ("-Adv"),
 gradient_modulation=False ("-omega"), cross_clip=False, stepwise_clip=False, and the alpha sweep.
+`cross_old_logprob` applies to both shared-rollout algorithms.
 """
 from __future__ import annotations
 
@@ -33,30 +46,30 @@ class AlgorithmSpec:
     gradient_modulation: bool = True
     cross_clip: bool = True
     stepwise_clip: bool = True
-    samples_multiplier: int = 1  # GSPO x2: 2G samples per prompt
-    updates_multiplier: int = 1  # GSPO x2: twice the mini-batch updates per step
+    samples_multiplier: int = 1  # GSPO x2: 2G samples per prompt (and so twice the updates)
+    cross_old_logprob: str = "source"  # other agents' rows: "source" (sum / L_j) or "learner" (its own old)
 
 
 ALGORITHMS = {
     "hacpo": AlgorithmSpec("hacpo", policy_loss="hacpo", share_rollouts=True),
-    "naive": AlgorithmSpec(
-        "naive", policy_loss="gspo", share_rollouts=True, capability_aware_advantage=False, gradient_modulation=False
-    ),
+    "naive": AlgorithmSpec("naive", policy_loss="gspo", share_rollouts=True, capability_aware_advantage=False,
+                           gradient_modulation=False, cross_old_logprob="learner"),
     "gspo": AlgorithmSpec("gspo", policy_loss="gspo", share_rollouts=False),
-    "gspo_x2": AlgorithmSpec("gspo_x2", policy_loss="gspo", share_rollouts=False, samples_multiplier=2, updates_multiplier=2),
+    "gspo_x2": AlgorithmSpec("gspo_x2", policy_loss="gspo", share_rollouts=False, samples_multiplier=2),
     "grpo": AlgorithmSpec("grpo", policy_loss="grpo", share_rollouts=False),
 }
 
 POLICY_LOSSES = {"hacpo": hacpo_policy_loss, "gspo": gspo_policy_loss, "grpo": grpo_policy_loss}
 
 ABLATION_SWITCHES = ("capability_aware_advantage", "gradient_modulation", "cross_clip", "stepwise_clip")
+CROSS_OLD_LOGPROB = ("source", "learner")
 
 
-def resolve_algorithm(name: str, **switches: Optional[bool]) -> AlgorithmSpec:
+def resolve_algorithm(name: str, cross_old_logprob: Optional[str] = None, **switches: Optional[bool]) -> AlgorithmSpec:
     """The spec of `name` with ablation switches applied (a switch set to None keeps the default).
 
-    Switches only change HACPO; setting one on a baseline it does not apply to is an error, so a
-    config never silently runs something other than what it says.
+    Switches only change HACPO (`cross_old_logprob`: HACPO and Naive); setting one on an algorithm
+    it does not apply to is an error, so a config never silently runs something other than it says.
     """
     if name not in ALGORITHMS:
         raise ValueError(f"unknown algorithm {name!r}; choose one of {sorted(ALGORITHMS)}")
@@ -69,7 +82,19 @@ def resolve_algorithm(name: str, **switches: Optional[bool]) -> AlgorithmSpec:
         differing = {k: v for k, v in changes.items() if getattr(spec, k) != v}
         if differing:
             raise ValueError(f"switches {sorted(differing)} are HACPO ablations and do not apply to {name!r}")
+    if cross_old_logprob is not None:
+        if cross_old_logprob not in CROSS_OLD_LOGPROB:
+            raise ValueError(f"cross_old_logprob must be one of {list(CROSS_OLD_LOGPROB)}, got {cross_old_logprob!r}")
+        if not spec.share_rollouts and cross_old_logprob != spec.cross_old_logprob:
+            raise ValueError(f"cross_old_logprob applies to algorithms that share rollouts, not to {name!r}")
+        changes["cross_old_logprob"] = cross_old_logprob
     return dataclasses.replace(spec, **changes)
+
+
+def algorithm_spec(algorithm_config) -> AlgorithmSpec:
+    """The spec a config's `algorithm:` section asks for (name, ablation switches, cross_old_logprob)."""
+    return resolve_algorithm(algorithm_config.name, cross_old_logprob=algorithm_config.cross_old_logprob,
+                             **{k: getattr(algorithm_config, k) for k in ABLATION_SWITCHES})
 
 
 class StepAdvantages(NamedTuple):

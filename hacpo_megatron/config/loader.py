@@ -266,11 +266,11 @@ def _validate(cfg: Config, where: _Where, errors: List[str]) -> None:
         ok = len(a.omega_clamp) == 2 and 0 < a.omega_clamp[0] <= 1 <= a.omega_clamp[1]
         _check(ok, errors, where, ("algorithm", "omega_clamp"),
                f"must be [low, high] with 0 < low <= 1 <= high, or null; got {a.omega_clamp}")
+    spec = None
     try:
-        from hacpo_megatron.algorithms.registry import resolve_algorithm
+        from hacpo_megatron.algorithms.registry import algorithm_spec
 
-        resolve_algorithm(a.name, **{k: getattr(a, k) for k in
-                                     ("capability_aware_advantage", "gradient_modulation", "cross_clip", "stepwise_clip")})
+        spec = algorithm_spec(a)
     except ValueError as exc:
         errors.append(f"{where(('algorithm', 'name'))}: {exc}")
 
@@ -287,9 +287,14 @@ def _validate(cfg: Config, where: _Where, errors: List[str]) -> None:
     _check(d.eval_samples >= 1, errors, where, ("data", "eval_samples"), "must be >= 1")
     _check(not (d.eval_greedy and d.eval_samples > 1), errors, where, ("data", "eval_samples"),
            "greedy evaluation gives one answer per prompt: set eval_samples: 1 or eval_greedy: false")
-    _check(t.mini_batch_size >= 1 and d.prompt_batch_size % max(t.mini_batch_size, 1) == 0, errors, where,
-           ("train", "mini_batch_size"),
-           f"must divide data.prompt_batch_size={d.prompt_batch_size} (M = B / mini_batch_size), got {t.mini_batch_size}")
+    if spec is not None:  # every update sees mini_batch_size x G responses: M = S * B * G' / (mini_batch_size * G)
+        sources = len(cfg.agents) if spec.share_rollouts else 1
+        prompts_worth = sources * d.prompt_batch_size * spec.samples_multiplier  # a learner's rows / G
+        _check(t.mini_batch_size >= 1 and prompts_worth % max(t.mini_batch_size, 1) == 0, errors, where,
+               ("train", "mini_batch_size"),
+               f"is prompts x G responses per update and must divide the {prompts_worth} prompts' worth of rows a "
+               f"{a.name} learner trains on per step ({sources} source(s) x data.prompt_batch_size="
+               f"{d.prompt_batch_size} x {spec.samples_multiplier}); got {t.mini_batch_size}")
     _check(t.micro_batch_size >= 1, errors, where, ("train", "micro_batch_size"), "must be >= 1")
     _check(t.lr > 0, errors, where, ("train", "lr"), f"must be > 0, got {t.lr}")
     _check(0 <= t.min_lr <= t.lr, errors, where, ("train", "min_lr"), "must be in [0, lr]")

@@ -57,6 +57,9 @@ class AlgorithmConfig:
     gradient_modulation: Optional[bool] = None
     cross_clip: Optional[bool] = None
     stepwise_clip: Optional[bool] = None
+    # Old log-prob of another agent's response: "source" (its sum / L_j) or "learner" (the learner's own,
+    # before the step's updates). None keeps what the algorithm implies: hacpo source, naive learner.
+    cross_old_logprob: Optional[Literal["source", "learner"]] = None
     omega_clamp: Optional[List[float]] = field(default_factory=lambda: [0.1, 10.0])  # null: no clamp
     capability_window: int = 1  # W: steps averaged into P_k (paper 1, authors' code 5)
     advantage_eps: float = 1e-6
@@ -68,10 +71,9 @@ class RolloutConfig:
     samples_per_prompt: int = 8  # G
     temperature: float = 1.0
     top_p: float = 1.0
-    max_prompt_length: int = 1024
-    max_response_length: int = 4096
-    placement: Literal["colocated", "separate"] = "colocated"
-    gpu_memory_utilization: float = 0.5
+    max_prompt_length: int = 1024  # tokens (chat-rendered, every agent's tokenizer); longer prompts are skipped
+    max_response_length: int = 4096  # new tokens; vLLM/SGLang context = max_prompt_length + max_response_length
+    gpu_memory_utilization: float = 0.5  # vLLM's gpu_memory_utilization / SGLang's mem_fraction_static
 
 
 @dataclass
@@ -96,7 +98,9 @@ class RewardConfig:
 
 @dataclass
 class TrainConfig:
-    mini_batch_size: int = 64  # prompts per mini-batch update: M = prompt_batch_size / mini_batch_size
+    # Prompts x G responses per update, for every algorithm (verl's and the paper's meaning): a learner
+    # with S * B * G' rows makes M = S * B * G' / (mini_batch_size * G) updates (training/batch.py).
+    mini_batch_size: int = 64
     micro_batch_size: int = 4  # sequences per forward/backward
     lr: float = 1e-6
     min_lr: float = 0.0

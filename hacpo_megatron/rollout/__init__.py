@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
-from typing import Any, Optional, Sequence
+from typing import Any, Dict, Optional, Sequence
 
 from hacpo_megatron.rollout.base import (
     DEFAULT_BUCKET_BYTES, Completion, RolloutEngine, SamplingParams, WeightCheck, push_weights, weight_buckets,
@@ -65,6 +65,16 @@ def make_engine(
     return SGLangEngine(model_path, eos_token_ids=eos_token_ids, seed=seed, **engine_kwargs)
 
 
+def engine_options(kind: str, *, model_path: Optional[str], rollout: Any) -> Optional[Dict[str, Any]]:
+    """The constructor arguments a run's `rollout:` settings give an engine of `kind` (None: embedded,
+    which needs none: it generates up to max_new_tokens and has no memory pool to size)."""
+    if kind == "embedded":
+        return None
+    context = rollout.max_prompt_length + rollout.max_response_length
+    memory = {"vllm": "gpu_memory_utilization", "sglang": "mem_fraction_static"}[kind]
+    return {"model_path": model_path, "max_model_len": context, memory: rollout.gpu_memory_utilization}
+
+
 def _embedded_engine(model_path: str, eos_token_ids: Sequence[int], pad_token_id: Optional[int], tokenizer: Any,
                      seed: int, dtype: Any = None, device: Optional[str] = None, **engine_kwargs: Any) -> RolloutEngine:
     import json
@@ -95,5 +105,5 @@ def _has_weights(model_path: str) -> bool:
 
 __all__ = [
     "ENGINE_KINDS", "DEFAULT_BUCKET_BYTES", "Completion", "RolloutEngine", "SamplingParams", "WeightCheck",
-    "make_engine", "push_weights", "weight_buckets",
+    "engine_options", "make_engine", "push_weights", "weight_buckets",
 ]

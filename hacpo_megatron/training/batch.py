@@ -5,14 +5,21 @@ when rollouts are shared, every other agent's responses retokenized into k's tok
 what the loss needs: the effective advantage (omega already applied) and the old sequence log-prob
 (k's own old policy for own rows; the source agent's sum / L_j for other agents' rows).
 
-Mini-batch m holds every row of a contiguous block of prompts, so own and other agents' answers to
-the same prompt are updated together (as in the authors' verl code, where a mini-batch is a set of
-prompts with all their responses). Pure Python; no processes.
+Updates per step (`UpdateSchedule`): `train.mini_batch_size` means what it means in verl and in the
+paper, prompts x G responses per update, for every algorithm ("a consistent number of rollouts per
+update"). A learner that trains on S sources' responses (S = n for HACPO/Naive, 1 for GSPO/GRPO) at
+G' samples per prompt (2G for GSPO x2) has S * B * G' rows, so it makes
+M = S * B * G' / (mini_batch_size * G) updates: paper 2 * 128 * 8 / (64 * 8) = 4 for HACPO and Naive,
+4 for GSPO x2, 2 for GSPO. Rows are laid out prompt by prompt, within a prompt sample by sample with
+the sources interleaved, and cut into M equal blocks of that grid: every update holds own and other
+agents' answers to the same prompts. A row's block is fixed by its place in the grid, so a bridged
+answer that was dropped makes its update one row shorter and never moves another row.
+Pure Python; no processes.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 
 @dataclass
@@ -24,6 +31,7 @@ class SequenceRow:
     is_cross: bool  # produced by another agent
     source: int  # index of the agent that generated the response
     prompt_index: int  # b: the prompt within the step's batch
+    sample_index: int = 0  # i: the sample of the source agent for that prompt
     old_token_logp: Optional[List[float]] = None  # own rows only: per-token old log-probs (GRPO)
     ref_token_logp: Optional[List[float]] = None  # own rows only: reference policy log-probs (KL penalty)
 
@@ -34,15 +42,42 @@ class SequenceRow:
             raise ValueError("old_token_logp must have one entry per response token")
 
 
-def mini_batches(rows: Sequence[SequenceRow], num_prompts: int, prompts_per_mini_batch: int) -> List[List[SequenceRow]]:
-    """Split the rows into M = num_prompts / prompts_per_mini_batch mini-batches by prompt block."""
-    if prompts_per_mini_batch < 1 or num_prompts % prompts_per_mini_batch:
-        raise ValueError(f"{prompts_per_mini_batch} prompts per mini-batch must divide the {num_prompts} prompts")
-    batches: List[List[SequenceRow]] = [[] for _ in range(num_prompts // prompts_per_mini_batch)]
-    for row in rows:
-        if not 0 <= row.prompt_index < num_prompts:
-            raise ValueError(f"row prompt_index {row.prompt_index} outside [0, {num_prompts})")
-        batches[row.prompt_index // prompts_per_mini_batch].append(row)
+@dataclass(frozen=True)
+class UpdateSchedule:
+    """How one learner's rows of a step split into its M mini-batch updates (module docstring)."""
+
+    num_prompts: int  # B
+    samples_per_prompt: int  # G': responses per prompt of each source (2G for GSPO x2)
+    sources: Tuple[int, ...]  # the agents whose responses the learner trains on, own included
+    rows_per_update: int  # train.mini_batch_size * G (G: rollout.samples_per_prompt)
+
+    def __post_init__(self):
+        grid = len(self.sources) * self.num_prompts * self.samples_per_prompt
+        if self.rows_per_update < 1 or not self.sources or grid % self.rows_per_update:
+            raise ValueError(f"{self.rows_per_update} rows per update must divide the learner's {grid} rows "
+                             f"({len(self.sources)} sources x {self.num_prompts} prompts x {self.samples_per_prompt})")
+
+    @property
+    def num_updates(self) -> int:
+        return len(self.sources) * self.num_prompts * self.samples_per_prompt // self.rows_per_update
+
+    def slot(self, row: "SequenceRow") -> int:
+        """The row's place in the (prompt, sample, source) grid."""
+        if not 0 <= row.prompt_index < self.num_prompts or not 0 <= row.sample_index < self.samples_per_prompt:
+            raise ValueError(f"row (prompt {row.prompt_index}, sample {row.sample_index}) outside the step's "
+                             f"{self.num_prompts} prompts x {self.samples_per_prompt} samples")
+        if row.source not in self.sources:
+            raise ValueError(f"row from agent {row.source}, not among the learner's sources {list(self.sources)}")
+        position = self.sources.index(row.source)
+        return (row.prompt_index * self.samples_per_prompt + row.sample_index) * len(self.sources) + position
+
+
+def mini_batches(rows: Sequence[SequenceRow], schedule: UpdateSchedule) -> List[List[SequenceRow]]:
+    """The M mini-batches of `schedule`, each in grid order (own and other agents' rows interleaved)."""
+    ordered = sorted(rows, key=schedule.slot)
+    batches: List[List[SequenceRow]] = [[] for _ in range(schedule.num_updates)]
+    for row in ordered:
+        batches[schedule.slot(row) // schedule.rows_per_update].append(row)
     return batches
 
 

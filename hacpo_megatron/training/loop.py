@@ -6,7 +6,8 @@
       3. score all n*B*G responses              (rank 0, reward actor with time limits)
       4. capabilities P_k, advantages A~        (every rank, deterministic from the broadcast rewards)
       5. old log-probs of own responses         (each agent on its ranks, shared with every rank)
-      6. learner k: own + bridged rows, M updates of the loss     (each agent on its ranks)
+      6. learner k: own + bridged rows, M updates of the loss     (each agent on its ranks;
+                                                                    M from train.mini_batch_size: batch.UpdateSchedule)
       7. push new weights to k's engine         (each agent, from its engine rank)
       8. log; evaluate every K steps; checkpoint
 
@@ -26,7 +27,8 @@ import ray
 import torch
 import torch.distributed as dist
 
-from hacpo_megatron.algorithms import CapabilityTracker, resolve_algorithm, step_advantages
+from hacpo_megatron.algorithms import CapabilityTracker, step_advantages
+from hacpo_megatron.algorithms.registry import algorithm_spec
 from hacpo_megatron.bridge import load_tokenizer
 from hacpo_megatron.config import Config, dump_config
 from hacpo_megatron.data import PromptSampler, load_prompts
@@ -38,11 +40,14 @@ from hacpo_megatron.orchestrator.actors import (
 from hacpo_megatron.orchestrator.ray_runtime import RayRuntime
 from hacpo_megatron.parallel.groups import AgentParallel, create_agent_groups, init_distributed
 from hacpo_megatron.parallel.layout import required_world_size
+from hacpo_megatron.rollout import engine_options
 from hacpo_megatron.rollout.base import SamplingParams
 from hacpo_megatron.rollout.weight_sync import engine_rank, sync_weights
 from hacpo_megatron.training import checkpointing
+from hacpo_megatron.training.batch import UpdateSchedule, mini_batches
 from hacpo_megatron.training.step_data import (
-    OldLogProbs, learner_rows, own_sequences, render_prompts, reward_items, rewards_tensor, rollout_stats,
+    OldLogProbs, drop_overlong_prompts, learner_rows, own_sequences, render_prompts, reward_items, rewards_tensor,
+    rollout_stats, with_learner_old_logprobs,
 )
 from hacpo_megatron.training.trainer import AgentTrainer, TrainHyperparams
 
@@ -83,8 +88,7 @@ def run_hacpo(cfg: Config, options: RunOptions, model_provider: ModelProvider) -
     needed = required_world_size(cfg.agents)
     if world != needed:
         raise SystemExit(f"the config's agents need {needed} processes (torchrun --nproc_per_node={needed}), got {world}")
-    spec = resolve_algorithm(cfg.algorithm.name, **{k: getattr(cfg.algorithm, k) for k in (
-        "capability_aware_advantage", "gradient_modulation", "cross_clip", "stepwise_clip")})
+    spec = algorithm_spec(cfg.algorithm)
     n, B = len(cfg.agents), cfg.data.prompt_batch_size
     G = cfg.rollout.samples_per_prompt * spec.samples_multiplier
     if rank == 0:
@@ -98,15 +102,14 @@ def run_hacpo(cfg: Config, options: RunOptions, model_provider: ModelProvider) -
     for k, (agent_cfg, parallel) in enumerate(zip(cfg.agents, agents.parallel)):
         if parallel.is_member:
             model = model_provider(agent_cfg, parallel, agents.hf_configs[k], cfg.run.seed + k)
-            agents.trainers[k] = AgentTrainer(model, spec, _hyperparams(cfg, agent_cfg, spec))
+            agents.trainers[k] = AgentTrainer(model, spec, _hyperparams(cfg, agent_cfg))
             if cfg.algorithm.kl_coef > 0:
                 agents.references[k] = model_provider(agent_cfg, parallel, agents.hf_configs[k], cfg.run.seed + k)
 
     checkpointing.save_tokenizers(options.output_dir, agents)
     runtime = RayRuntime.connect(options.ray_address)
     reward_actor = _start_actors(cfg, agents, rank)
-    train_set = load_prompts(cfg.data.train, "train")
-    eval_set = load_prompts(cfg.data.eval, "eval")[: cfg.data.eval_max_prompts] if cfg.data.eval else []
+    train_set, eval_set = _load_data(cfg, agents, options)
     sampler = PromptSampler(train_set, B, seed=cfg.run.seed, shuffle=cfg.data.shuffle)
     tracker = CapabilityTracker(n, cfg.algorithm.capability_window, reward_range=_reward_range(cfg))
 
@@ -211,9 +214,14 @@ def _hacpo_step(step, cfg, spec, agents: Agents, sampler, tracker, reward_actor,
         rows, bridge_stats = learner_rows(k, prompts=prompts, rollouts=rollouts, old=old, effective=advantages.effective,
                                           trains_on=advantages.trains_on, tokenizers=agents.tokenizers,
                                           prompt_ids=prompt_ids, ref_token_logp=reference.get(k))
+        if spec.cross_old_logprob == "learner":  # Naive: other agents' rows are rated like own ones
+            cross = [(r.prompt_ids, r.response_ids) for r in rows if r.is_cross]
+            rows = with_learner_old_logprobs(rows, _agent_logprobs(trainer, None, cross))
         t_bridge = time.perf_counter() - t
         t = time.perf_counter()
-        updates = trainer.train_step(rows, B)
+        schedule = UpdateSchedule(B, G, sources=tuple(int(j) for j in advantages.trains_on[k].nonzero()),
+                                  rows_per_update=cfg.train.mini_batch_size * cfg.rollout.samples_per_prompt)
+        updates = trainer.train_step(mini_batches(rows, schedule))
         t_train = time.perf_counter() - t
         t = time.perf_counter()
         sync = _push_weights(agents, k, options)
@@ -246,10 +254,15 @@ def _engine_trainer_logprob_gap(completions, old: OldLogProbs) -> float:
     return max(abs(a - b) for c, tokens in zip(flat, old.tokens) for a, b in zip(c.logprobs, tokens))
 
 
+# Per-update values whose mean over a step says nothing: the step's record shows the last update's.
+LAST_UPDATE_KEYS = ("cross_clip_lower_bound", "update_index")
+
+
 def _mean_over_updates(updates: List[Dict[str, float]]) -> Dict[str, float]:
-    keys = updates[0].keys()
-    out = {key: float(np.nanmean([u[key] for u in updates])) if any(np.isfinite(u[key]) for u in updates)
-           else float("nan") for key in keys}
+    keys = dict.fromkeys(key for u in updates for key in u)
+    values = {key: [u.get(key, float("nan")) for u in updates] for key in keys}
+    out = {key: float(np.nanmean(v)) if any(np.isfinite(v)) else float("nan") for key, v in values.items()}
+    out.update({key: float(updates[-1].get(key, float("nan"))) for key in LAST_UPDATE_KEYS if key in keys})
     out["num_updates"] = float(len(updates))
     return out
 
@@ -358,7 +371,7 @@ def _start_actors(cfg: Config, agents: Agents, rank: int):
     if rank == 0:
         for k, agent_cfg in enumerate(cfg.agents):
             options = dict(ACTOR_OPTIONS, name=engine_actor_name(cfg.run.name, agent_cfg.name), lifetime=None)
-            kwargs = {"model_path": agent_cfg.init_from} if agent_cfg.engine != "embedded" else None
+            kwargs = engine_options(agent_cfg.engine, model_path=agent_cfg.init_from, rollout=cfg.rollout)
             agents.engines[k] = EngineActor.options(**options).remote(
                 agent_cfg.engine, agents.hf_configs[k], _tokenizer_name(agent_cfg), cfg.run.seed + k, kwargs)
         ray.get([handle.pid.remote() for handle in agents.engines.values()])  # constructed and alive
@@ -372,19 +385,40 @@ def _start_actors(cfg: Config, agents: Agents, rank: int):
     return reward_actor
 
 
+def _load_data(cfg: Config, agents: Agents, options: RunOptions):
+    """Training and held-out prompts; those longer than rollout.max_prompt_length for any agent are left
+    out and counted (the log, run_info.json and the summary say how many)."""
+    splits = {"train": load_prompts(cfg.data.train, "train"),
+              "eval": load_prompts(cfg.data.eval, "eval")[: cfg.data.eval_max_prompts] if cfg.data.eval else []}
+    skipped = {}
+    for split, prompts in splits.items():
+        splits[split], skipped[split] = drop_overlong_prompts(prompts, agents.tokenizers, cfg.rollout.max_prompt_length)
+        if prompts and not splits[split]:
+            raise SystemExit(f"all {len(prompts)} {split} prompts of {getattr(cfg.data, split)} are longer than "
+                             f"rollout.max_prompt_length={cfg.rollout.max_prompt_length} tokens")
+    if dist.get_rank() == 0:
+        if any(skipped.values()):
+            print(f"skipped prompts longer than rollout.max_prompt_length={cfg.rollout.max_prompt_length} tokens: "
+                  f"{skipped['train']} of {cfg.data.train}, {skipped['eval']} of {cfg.data.eval}", flush=True)
+        from hacpo_megatron.training.reporting import update_run_info
+
+        update_run_info(options.output_dir, {"prompts": {
+            split: {"used": len(splits[split]), "skipped_overlong": skipped[split]} for split in splits}})
+    return splits["train"], splits["eval"]
+
+
 def _kill_engine(handle) -> None:
     """Fault injection: end the actor's process as a crash would (Ray restarts it)."""
     ray.kill(handle, no_restart=False)
     time.sleep(1.0)
 
 
-def _hyperparams(cfg: Config, agent_cfg, spec) -> TrainHyperparams:
+def _hyperparams(cfg: Config, agent_cfg) -> TrainHyperparams:
     t, a = cfg.train, cfg.algorithm
     return TrainHyperparams(
         lr=agent_cfg.lr or t.lr, min_lr=t.min_lr, lr_warmup_steps=t.lr_warmup_steps, lr_schedule=t.lr_schedule,
         total_steps=cfg.run.total_steps, weight_decay=t.weight_decay, adam_beta1=t.adam_beta1,
-        adam_beta2=t.adam_beta2, adam_eps=t.adam_eps, grad_clip=t.grad_clip,
-        prompts_per_mini_batch=t.mini_batch_size // spec.updates_multiplier, micro_batch_size=t.micro_batch_size,
+        adam_beta2=t.adam_beta2, adam_eps=t.adam_eps, grad_clip=t.grad_clip, micro_batch_size=t.micro_batch_size,
         temperature=cfg.rollout.temperature, clip_low=a.clip_low, clip_high=a.clip_high,
         grpo_clip_low=a.grpo_clip_low, grpo_clip_high=a.grpo_clip_high, alpha=a.alpha, delta=a.delta,
         delta_step=a.delta_step, kl_coef=a.kl_coef)

@@ -41,6 +41,7 @@ TENSORBOARD_DIR = "tensorboard"
 CURVES_FILE = "curves.png"
 EVAL_PLOT_FILE = "eval_accuracy.png"
 SUMMARY_FILE = "summary.md"
+RUN_INFO_FILE = "run_info.json"  # facts about the run as a whole (e.g. prompts used and skipped)
 
 EVAL_ACCURACY = "eval/accuracy"
 TIME_KEYS = ("time/rollout", "time/reward", "time/bridge", "time/logprob", "time/train", "time/weight_sync",
@@ -337,6 +338,21 @@ def group_metrics(records: Iterable[Mapping[str, Any]], agent_names: Optional[Se
     )
 
 
+def update_run_info(run_dir: PathLike, facts: Mapping[str, Any]) -> None:
+    """Merge `facts` into the run's run_info.json (top-level keys replaced; written whole, then renamed)."""
+    path = Path(run_dir) / RUN_INFO_FILE
+    info = read_run_info(run_dir)
+    info.update(facts)
+    temporary = path.with_name(path.name + ".tmp")
+    temporary.write_text(json.dumps(info, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    os.replace(temporary, path)
+
+
+def read_run_info(run_dir: PathLike) -> Dict[str, Any]:
+    path = Path(run_dir) / RUN_INFO_FILE
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+
+
 def load_run(run_dir: PathLike, agent_names: Optional[Sequence[str]] = None) -> RunMetrics:
     path = Path(run_dir) / METRICS_FILE
     if not path.is_file():
@@ -411,8 +427,8 @@ def _markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> Lis
     return lines
 
 
-def summary_markdown(metrics: RunMetrics, run_dir: PathLike = "") -> str:
-    """The summary.md text: results per agent, then the mean step time by phase."""
+def summary_markdown(metrics: RunMetrics, run_dir: PathLike = "", run_info: Optional[Mapping[str, Any]] = None) -> str:
+    """The summary.md text: results per agent, the mean step time by phase, and the prompts used."""
     summaries = [summarize_agent(metrics, agent) for agent in metrics.agent_names]
     lines = [f"# Run summary{f': {run_dir}' if run_dir else ''}", ""]
     lines += _markdown_table(
@@ -429,6 +445,11 @@ def summary_markdown(metrics: RunMetrics, run_dir: PathLike = "") -> str:
         ["agent"] + phases + ["total wall time"],
         [[s.agent] + [_number(s.mean_time[key], digits=2) for key in TIME_KEYS] + [_duration(s.total_time_s)]
          for s in summaries])
+    prompts = (run_info or {}).get("prompts")
+    if prompts:
+        lines += ["", "Prompts: " + "; ".join(
+            f"{split} {p['used']} used, {p['skipped_overlong']} skipped as longer than rollout.max_prompt_length"
+            for split, p in prompts.items())]
     return "\n".join(lines) + "\n"
 
 
@@ -559,12 +580,13 @@ def render_run_outputs(run_dir: PathLike, *, agent_names: Optional[Sequence[str]
     if plots:
         plot_curves(metrics, run_dir / CURVES_FILE)
         plot_eval_accuracy(metrics, run_dir / EVAL_PLOT_FILE)
-    summary = summary_markdown(metrics, run_dir)
+    summary = summary_markdown(metrics, run_dir, read_run_info(run_dir))
     (run_dir / SUMMARY_FILE).write_text(summary, encoding="utf-8")
     return summary
 
 
 __all__ = [
     "EVAL_ACCURACY", "MetricsError", "REQUIRED_KEYS", "RunMetrics", "RunReporter", "TIME_KEYS", "check_step_records",
-    "group_metrics", "load_run", "read_metrics", "render_run_outputs", "summarize_agent", "summary_markdown",
+    "group_metrics", "load_run", "read_metrics", "read_run_info", "render_run_outputs", "summarize_agent",
+    "summary_markdown", "update_run_info",
 ]

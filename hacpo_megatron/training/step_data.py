@@ -9,6 +9,7 @@ No processes here: the loop (training/loop.py) moves these objects between ranks
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -92,7 +93,7 @@ def learner_rows(
                     rows.append(SequenceRow(
                         prompt_ids=prompt_ids[k][b], response_ids=completion.token_ids,
                         advantage=float(effective[k, k, b, i]), old_seq_logp=old[k].mean(index), is_cross=False,
-                        source=k, prompt_index=b, old_token_logp=old[k].tokens[index],
+                        source=k, prompt_index=b, sample_index=i, old_token_logp=old[k].tokens[index],
                         ref_token_logp=ref_token_logp[index] if ref_token_logp is not None else None))
             continue
         flat = [c for group in rollouts[j] for c in group]
@@ -108,9 +109,27 @@ def learner_rows(
             rows.append(SequenceRow(
                 prompt_ids=response.prompt_ids, response_ids=response.response_ids,
                 advantage=float(effective[k, j, b, i]), old_seq_logp=response.old_seq_logp, is_cross=True,
-                source=j, prompt_index=b))
+                source=j, prompt_index=b, sample_index=i))
     return rows, {"bridge/dropped": float(dropped)}
+
+
+def with_learner_old_logprobs(rows: Sequence[SequenceRow], cross_token_logp: Sequence[List[float]]) -> List[SequenceRow]:
+    """Other agents' rows re-based on the learner's own old policy (Naive's reading, see the algorithm
+    registry): `cross_token_logp` holds the learner's per-token log-probs of its cross rows, in order."""
+    cross = [r for r in rows if r.is_cross]
+    if len(cross) != len(cross_token_logp):
+        raise ValueError(f"{len(cross_token_logp)} log-prob lists for {len(cross)} rows of other agents")
+    means = iter(sum(t) / len(t) for t in cross_token_logp)
+    return [dataclasses.replace(r, old_seq_logp=next(means)) if r.is_cross else r for r in rows]
 
 
 def render_prompts(tokenizer, prompts: Sequence[PromptRecord]) -> List[List[int]]:
     return [render_prompt(tokenizer, p.messages) for p in prompts]
+
+
+def drop_overlong_prompts(prompts: Sequence[PromptRecord], tokenizers: Sequence, max_length: int
+                          ) -> Tuple[List[PromptRecord], int]:
+    """The prompts whose chat-rendered length is at most `max_length` tokens for every agent, and how
+    many were left out (as verl's `filter_overlong_prompts` does: a prompt is never cut short)."""
+    kept = [p for p in prompts if all(len(render_prompt(tok, p.messages)) <= max_length for tok in tokenizers)]
+    return kept, len(prompts) - len(kept)

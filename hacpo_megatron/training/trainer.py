@@ -2,13 +2,17 @@
 
     trainer = AgentTrainer(agent, spec, hparams)              # Megatron DDP + Adam + LR schedule
     old = trainer.sequence_logprobs(own_sequences)            # step 5: old log-probs of own responses
-    metrics = trainer.train_step(rows, num_prompts=B)         # step 6: m = 0 .. M-1 updates
+    metrics = trainer.train_step(mini_batches(rows, schedule))  # step 6: m = 0 .. M-1 updates
 
 Gradient accumulation: each micro-batch's loss is its rows' sum divided by the mini-batch's GLOBAL
 row count (`num_global_seqs`; GRPO: token count), so the micro-batch losses of all data-parallel
 ranks add up to the mini-batch mean. Megatron must therefore neither average over micro-batches
 nor over data-parallel ranks: `calculate_per_token_loss=True` makes the schedule keep each loss as
 returned and makes DDP sum gradients; our finalize step passes no token count, so nothing rescales.
+
+The KL penalty to the reference model (kl_coef > 0) covers the learner's own rows only, wherever they
+sit in a micro-batch, and is their mean: each micro-batch adds the sum over its own rows divided by
+the mini-batch's global own-row count.
 """
 from __future__ import annotations
 
@@ -33,7 +37,7 @@ from hacpo_megatron.models.logprobs import (
     run_schedule,
 )
 from hacpo_megatron.parallel.groups import world_collectives_within
-from hacpo_megatron.training.batch import SequenceRow, data_parallel_shard, micro_batches, mini_batches
+from hacpo_megatron.training.batch import SequenceRow, data_parallel_shard, micro_batches
 
 
 @dataclass
@@ -48,7 +52,6 @@ class TrainHyperparams:
     adam_beta2: float = 0.999
     adam_eps: float = 1e-8
     grad_clip: float = 1.0  # 0 disables
-    prompts_per_mini_batch: int = 1
     micro_batch_size: int = 4
     temperature: float = 1.0
     # loss hyperparameters
@@ -119,30 +122,28 @@ class AgentTrainer:
         )
 
     # ------------------------------------------------------------------------------ training
-    def train_step(self, rows: Sequence[SequenceRow], num_prompts: int) -> List[Dict[str, float]]:
-        """M = num_prompts / prompts_per_mini_batch updates; one metrics dict per update.
+    def train_step(self, mini_batches: Sequence[Sequence[SequenceRow]]) -> List[Dict[str, float]]:
+        """One update per mini-batch (m = 0 .. M-1, see batch.UpdateSchedule); one metrics dict each.
 
         Collective over the agent's ranks; every rank passes the same rows (each data-parallel
         replica takes its own share). The LR schedule advances once per call (one RL step).
         """
-        metrics = []
-        batches = mini_batches(rows, num_prompts, self.hp.prompts_per_mini_batch)
-        for update_index, mini_batch in enumerate(batches):
-            metrics.append(self._update(mini_batch, update_index))
+        metrics = [self._update(list(mini_batch), update_index) for update_index, mini_batch in enumerate(mini_batches)]
         self.scheduler.step(increment=1)
         self.steps_done += 1
         return metrics
 
     def _update(self, mini_batch: List[SequenceRow], update_index: int) -> Dict[str, float]:
-        if not mini_batch:
-            raise ValueError(f"mini-batch {update_index} has no rows")
+        if not mini_batch:  # every row of this block was a dropped bridged answer: nothing to learn from
+            return dict(_NO_UPDATE, update_index=float(update_index), lr=float(self.optimizer.param_groups[0]["lr"]))
         global_seqs = len(mini_batch)
+        global_own_seqs = sum(not r.is_cross for r in mini_batch)
         global_tokens = sum(len(r.response_ids) for r in mini_batch)
         shard = data_parallel_shard(mini_batch, self.parallel.dp_rank, self.parallel.dp_size)
         chunks = micro_batches(shard, self.hp.micro_batch_size)
         packed = [pack_sequences([(r.prompt_ids, r.response_ids) for r in chunk], range(len(chunk))) for chunk in chunks]
-        loss_fn = partial(self._micro_batch_loss, chunks=dict(zip(map(id, packed), chunks)),
-                          update_index=update_index, global_seqs=global_seqs, global_tokens=global_tokens)
+        loss_fn = partial(self._micro_batch_loss, chunks=dict(zip(map(id, packed), chunks)), update_index=update_index,
+                          global_seqs=global_seqs, global_own_seqs=global_own_seqs, global_tokens=global_tokens)
 
         self.ddp_model.train()
         self.ddp_model.zero_grad_buffer()
@@ -162,7 +163,7 @@ class AgentTrainer:
         return []
 
     def _micro_batch_loss(self, position_logprobs: torch.Tensor, packed: PackedBatch, *, chunks, update_index: int,
-                          global_seqs: int, global_tokens: int):
+                          global_seqs: int, global_own_seqs: int, global_tokens: int):
         """The policy loss of one micro-batch as its share of the mini-batch mean (+ optional KL)."""
         rows: List[SequenceRow] = chunks[id(packed)]
         device = position_logprobs.device
@@ -188,11 +189,12 @@ class AgentTrainer:
                                                   clip_high=hp.grpo_clip_high, num_global_tokens=global_tokens)
         else:
             raise ValueError(f"unknown policy loss {kind!r}")
-        if hp.kl_coef > 0 and rows[0].ref_token_logp is not None:
-            own = ~is_cross
-            if own.any():
-                ref = _padded([r.ref_token_logp for r in rows], width, device)
-                loss = loss + hp.kl_coef * low_var_kl_penalty(logp[own], ref[own], mask[own], num_global_seqs=global_seqs)
+        own = ~is_cross
+        if hp.kl_coef > 0 and bool(own.any()):
+            ref = _padded([r.ref_token_logp for r, is_own in zip(rows, own.tolist()) if is_own], width, device)
+            kl = low_var_kl_penalty(logp[own], ref, mask[own], num_global_seqs=global_own_seqs)
+            loss = loss + hp.kl_coef * kl
+            metrics["kl"] = float(kl.detach()) * global_own_seqs  # a sum over own rows; _reduce_metrics divides
         n = float(len(rows))
         weighted = {k: torch.tensor(v * _weight(k, metrics, n)) for k, v in metrics.items() if not math.isnan(v)}
         weighted["loss"] = loss.detach().float().cpu()
@@ -202,7 +204,7 @@ class AgentTrainer:
     def _reduce_metrics(self, results: list) -> Dict[str, float]:
         """Sum the micro-batch metrics over micro-batches and data-parallel replicas; same on every rank."""
         keys = ("loss", "rows", "own_ratio_mean", "cross_ratio_mean", "own_clip_frac_lower", "own_clip_frac_upper",
-                "cross_clip_frac_lower", "cross_clip_frac_upper", "num_own", "num_cross")
+                "cross_clip_frac_lower", "cross_clip_frac_upper", "num_own", "num_cross", "kl", "cross_clip_lower_bound")
         totals = torch.zeros(len(keys), dtype=torch.float64)
         for result in results:
             for i, key in enumerate(keys):
@@ -221,16 +223,28 @@ class AgentTrainer:
             out[key] = t[key] / t["num_own"] if t["num_own"] else math.nan
         for key in ("cross_ratio_mean", "cross_clip_frac_lower", "cross_clip_frac_upper"):
             out[key] = t[key] / t["num_cross"] if t["num_cross"] else math.nan
+        if self.hp.kl_coef > 0:
+            out["kl"] = t["kl"] / t["num_own"] if t["num_own"] else math.nan
+        if self.spec.policy_loss == "hacpo":  # the same value in every micro-batch: their mean is it
+            out["cross_clip_lower_bound"] = t["cross_clip_lower_bound"] / t["rows"] if t["rows"] else math.nan
         return out
 
 
 def _weight(key: str, metrics: Dict[str, float], n: float) -> float:
-    """Metrics are means over own or cross rows; weight them by their row counts to sum them."""
+    """Metrics are means over own or cross rows (or, the clip bound, over all rows); weight them by their
+    row counts to sum them. `kl` is already a sum."""
+    if key == "cross_clip_lower_bound":
+        return n
     if key.startswith("own_"):
         return metrics.get("num_own", n)
     if key.startswith("cross_"):
         return metrics.get("num_cross", 0.0)
     return 1.0
+
+
+_NO_UPDATE = {"loss": math.nan, "num_own": 0.0, "num_cross": 0.0, "grad_norm": math.nan, "update_skipped": 1.0,
+              **{key: math.nan for key in ("own_ratio_mean", "own_clip_frac_lower", "own_clip_frac_upper",
+                                           "cross_ratio_mean", "cross_clip_frac_lower", "cross_clip_frac_upper")}}
 
 
 def _padded(values: Sequence[Optional[Sequence[float]]], width: int, device) -> torch.Tensor:

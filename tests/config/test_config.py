@@ -89,6 +89,21 @@ def test_all_problems_are_reported_at_once(tmp_path):
     assert "rollout.top_k: unknown key" in str(err.value)
 
 
+@pytest.mark.parametrize("overrides,message", [
+    (["algorithm.name=gspo", "train.mini_batch_size=16"], "must divide the 8 prompts' worth of rows a gspo learner"),
+    (["algorithm.name=gspo_x2", "train.mini_batch_size=16"], None),  # 2G samples: 16 prompts' worth, M = 1
+    (["algorithm.name=gspo", "algorithm.cross_old_logprob=learner"], "applies to algorithms that share rollouts"),
+    (["algorithm.name=naive", "algorithm.cross_old_logprob=source"], None),
+])
+def test_updates_per_step_follow_the_algorithm(tmp_path, overrides, message):
+    path = write(tmp_path, GOOD)
+    if message is None:
+        load_config(path, overrides)
+        return
+    with pytest.raises(ConfigError, match=message):
+        load_config(path, overrides)
+
+
 @pytest.mark.parametrize(
     "override,message",
     [
@@ -103,7 +118,11 @@ def test_all_problems_are_reported_at_once(tmp_path):
         ("agents.0.model=no-such-model", "neither a built-in preset"),
         ("algorithm.name=ppo", "is not one of 'hacpo'"),
         ("algorithm.omega_clamp=[2, 3]", "omega_clamp"),
-        ("train.mini_batch_size=3", "must divide data.prompt_batch_size=8"),
+        ("train.mini_batch_size=3", "must divide the 16 prompts' worth of rows a hacpo learner trains on"),
+        ("train.mini_batch_size=16", None),  # HACPO: 2 agents x B=8 rows / G, one update
+        ("train.mini_batch_size=32", "must divide the 16 prompts' worth"),
+        ("algorithm.cross_old_logprob=learner", None),
+        ("algorithm.cross_old_logprob=other", "is not one of 'source', 'learner'"),
         ("algorithm.name=gspo", None),
         ("rollout.temperature=0", "rollout.temperature: must be > 0"),
         ("train.sft_warmup_stop_accuracy=1.5", "train.sft_warmup_stop_accuracy: must be in (0, 1]"),
@@ -112,7 +131,9 @@ def test_all_problems_are_reported_at_once(tmp_path):
 def test_out_of_range_values_are_rejected(tmp_path, override, message):
     path = write(tmp_path, GOOD)
     if message is None:
-        assert load_config(path, [override]).algorithm.name == "gspo"
+        section, rest = override.split(".", 1)
+        key, value = rest.split("=")
+        assert str(getattr(getattr(load_config(path, [override]), section), key)) == value
         return
     with pytest.raises(ConfigError) as err:
         load_config(path, [override])

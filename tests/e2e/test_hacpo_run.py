@@ -106,9 +106,14 @@ def test_a_run_writes_everything_a_user_reads(reference_run):
         for key in ("reward_mean", "capability", "own_ratio_mean", "cross_ratio_mean", "loss", "grad_norm",
                     "time/rollout", "time/reward", "time/bridge", "time/logprob", "time/train", "time/weight_sync"):
             assert key in r, key
-        assert r["num_own"] == 4 and r["num_cross"] == 4  # B/M = 2 prompts x G = 2, per update
+        # mini-batch 2 prompts x G = 2 = 4 responses per update: one prompt's own and other answers, M = 4
+        assert r["num_updates"] == 4 and r["num_own"] == 2 and r["num_cross"] == 2
+        assert r["cross_clip_lower_bound"] == pytest.approx(1 - 0.2 + 3 * 0.025)  # m = 3 in the last update
     evals = [r for r in records if r["kind"] == "eval"]
     assert {r["step"] for r in evals} == {0, 3}
+    info = json.loads((out / "run_info.json").read_text())
+    assert info["prompts"]["train"] == {"used": 784, "skipped_overlong": 0}
+    assert "train 784 used, 0 skipped" in (out / "summary.md").read_text()
     for name in ("config.yaml", "curves.png", "eval_accuracy.png", "summary.md"):
         assert (out / name).stat().st_size > 0, name
     assert any((out / "tensorboard").rglob("events.out.tfevents*"))
@@ -137,19 +142,33 @@ def test_a_dead_rollout_engine_is_restarted_and_the_step_retried(reference_run, 
     assert comparable(metrics(out)) == comparable(metrics(reference_run))  # nothing lost, nothing counted twice
 
 
-@pytest.mark.parametrize("algorithm", ["gspo", "gspo_x2", "naive", "grpo"])
-def test_baselines_run_to_completion(tmp_path, cache, algorithm):
+@pytest.mark.parametrize("algorithm,updates", [("gspo", 2), ("gspo_x2", 4), ("naive", 4), ("grpo", 2)])
+def test_baselines_run_to_completion(tmp_path, cache, algorithm, updates):
     out = tmp_path / "run"
     config = small_config(tmp_path, cache, algorithm={"name": algorithm}, run={"total_steps": 2})
     run(config, out)
     train = [r for r in metrics(out) if r["kind"] == "train"]
     assert len(train) == 4
+    # B = 4, mini-batch 2 prompts x G = 2: M = n*B/2 = 4 with shared rollouts, B/2 = 2 alone, 2B/2 with 2G
+    assert all(r["num_updates"] == updates for r in train)
     if algorithm in ("gspo", "gspo_x2", "grpo"):
         assert all(r["num_cross"] == 0 for r in train)  # single-agent baselines train on their own answers
-    if algorithm == "gspo_x2":
-        assert all(r["num_updates"] == 4 for r in train)  # twice the updates, 2G samples
     if algorithm == "naive":  # shares rollouts, and treats the other agent's like its own (one GSPO loss)
-        assert all(r["num_own"] == 8 and r["num_cross"] == 0 for r in train)
+        assert all(r["num_own"] == 4 and r["num_cross"] == 0 for r in train)
+
+
+def test_kl_with_data_parallel_and_micro_batches_that_mix_own_and_other_rows(tmp_path, cache):
+    agents = yaml.safe_load((REPO / "configs" / "default.yaml").read_text())["agents"]
+    agents[0]["parallel"] = {"data": 2, "first_rank": 0}  # qwen3-tiny on ranks 0-1, llama-tiny time-shares rank 1
+    agents[1]["parallel"] = {"first_rank": 1}
+    out = tmp_path / "run"
+    # 4 rows per update in grid order (own, other, own, other); each replica's 2 rows are one mixed micro-batch
+    config = small_config(tmp_path, cache, agents=agents, algorithm={"kl_coef": 0.001}, run={"total_steps": 2})
+    run(config, out)
+    train = [r for r in metrics(out) if r["kind"] == "train"]
+    assert len(train) == 4 and all(r["num_updates"] == 4 for r in train)
+    assert all(r["kl"] >= 0 and r["kl"] == r["kl"] for r in train)  # a number (not NaN) on every step
+    assert any(r["kl"] > 0 for r in train if r["step"] == 2)  # the policy left the reference after step 1
 
 
 def test_three_agents_are_a_config_change(tmp_path, cache):
@@ -160,4 +179,5 @@ def test_three_agents_are_a_config_change(tmp_path, cache):
     run(small_config(tmp_path, cache, agents=default + [third], run={"total_steps": 2}), out)
     train = [r for r in metrics(out) if r["kind"] == "train"]
     assert {r["agent"] for r in train} == {"qwen3-tiny", "llama-tiny", "qwen2-tiny"}
-    assert all(r["num_cross"] == 2 * r["num_own"] for r in train)  # two other agents
+    assert all(r["num_cross"] == pytest.approx(2 * r["num_own"]) for r in train)  # two other agents
+    assert all(r["num_updates"] == 6 for r in train)  # 3 agents x B = 4 / mini-batch 2

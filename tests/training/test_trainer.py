@@ -40,7 +40,8 @@ def test_gradients_of_an_update_are_the_same_at_every_layout(run):
         grads = torch.load(work / f"grads_{layout}.pt")
         assert grads.keys() == reference.keys(), layout
         worst = max((grads[n] - reference[n]).abs().max().item() for n in reference)
-        assert worst <= 1e-5, (layout, worst)
+        scale = max(g.abs().max().item() for g in reference.values())
+        assert worst <= 5e-5 * scale, (layout, worst, scale)  # fp32 sums in another order (TP-split vocab)
 
 
 def test_loss_trajectory_is_the_same_at_every_layout(run):
@@ -63,5 +64,17 @@ def test_every_agent_of_the_config_trains_and_its_objective_goes_down(run):
     for name, info in agents.items():
         objective = info["objective"]
         assert objective[-1] < objective[0] - 1e-3, (name, objective)
-        assert info["num_own"] + info["num_cross"] == info["num_rows"] // 2  # two mini-batches of prompts
+        # 3 sources x B=4 x G=2 rows, mini_batch_size 2 prompts x G=2 = 4 rows per update: M = 6
+        assert info["num_updates"] == 6 and info["num_own"] + info["num_cross"] == info["num_rows"] == 24
         assert info["num_cross"] == 2 * info["num_own"]  # two other agents
+
+
+@pytest.mark.parametrize("layout", ["tp1", "dp2"])
+def test_kl_covers_own_rows_anywhere_in_mixed_micro_batches(run, layout):
+    _, reports = run
+    kl = {**reports[0]["kl"], **reports[1]["kl"]}[layout]
+    assert kl["first_update_rows"] == 7  # 2 prompts x (2 own + 2 other) minus one dropped bridged answer
+    assert any(0 < c < 3 for c in kl["micro_batch_cross_counts"])  # micro-batches mix own and other rows
+    assert kl["kl_reference"] > 1e-3
+    assert kl["kl_logged"] == pytest.approx(kl["kl_reference"], rel=1e-5)
+    assert kl["loss_difference"] == pytest.approx(kl["kl_coef"] * kl["kl_reference"], rel=1e-4)

@@ -9,6 +9,10 @@ TP=1's, and so must the loss over three steps.
 Part 2, agents: every agent of CONFIG (any number, any layout on ranks 0-1) trains on its own and
 the other agents' responses for a few steps; the HACPO surrogate -mean(A * mean log pi) on that batch
 must go down for each. Adding an agent is a change of CONFIG only.
+
+Part 3, KL: with kl_coef > 0 at TP=1 and at DP=2, micro-batches of 3 rows that mix own and other
+agents' rows, and some bridged rows dropped: the first update's loss minus that of the same update
+without KL, and the logged `kl`, against a float64 k3 KL over the own rows of that mini-batch.
 """
 from __future__ import annotations
 
@@ -28,7 +32,7 @@ from hacpo_megatron.models.build import build_agent_model
 from hacpo_megatron.models.presets import load_hf_config_dict
 from hacpo_megatron.parallel.groups import create_agent_groups, init_distributed
 from hacpo_megatron.rollout.embedded import hf_model_from_config
-from hacpo_megatron.training.batch import SequenceRow
+from hacpo_megatron.training.batch import SequenceRow, UpdateSchedule, mini_batches
 from hacpo_megatron.training.trainer import AgentTrainer, TrainHyperparams
 
 B, G = 4, 2
@@ -51,8 +55,14 @@ def learner_rows(k, prompts, responses, old_means, effective, trains_on):
             for i in range(G):
                 rows.append(SequenceRow(prompt_ids=prompts[b], response_ids=responses[j][b][i],
                                         advantage=float(effective[k, j, b, i]), old_seq_logp=old_means[j][b * G + i],
-                                        is_cross=j != k, source=j, prompt_index=b))
+                                        is_cross=j != k, source=j, prompt_index=b, sample_index=i))
     return rows
+
+
+def schedule_for(k, trains_on, mini_batch_size):
+    """The loop's schedule: mini_batch_size prompts x G responses per update."""
+    sources = tuple(j for j in range(trains_on.shape[1]) if trains_on[k, j])
+    return UpdateSchedule(B, G, sources, rows_per_update=mini_batch_size * G)
 
 
 def flat(responses_j, prompts):
@@ -78,8 +88,8 @@ def part_layouts(hf_config, out):
                             [[1.0, 1.0], [1.0, 0.0], [0.0, 1.0], [1.0, 1.0]]])
     spec = resolve_algorithm("hacpo")
     adv = step_advantages(rewards, batch_capabilities(rewards), spec)
-    hp = TrainHyperparams(lr=1e-3, grad_clip=0.0, prompts_per_mini_batch=B // 2, micro_batch_size=3,
-                          temperature=0.7, total_steps=3, clip_low=0.2, clip_high=0.2)
+    hp = TrainHyperparams(lr=1e-3, grad_clip=0.0, micro_batch_size=3, temperature=0.7, total_steps=3,
+                          clip_low=0.2, clip_high=0.2)
     report = {}
     for name, parallel in zip(layouts, groups):
         if not parallel.is_member:
@@ -92,9 +102,10 @@ def part_layouts(hf_config, out):
         old = [seq_means(trainer, flat(own, prompts)), seq_means(trainer, flat(other, prompts))]
         old[1] = [m - 0.1 for m in old[1]]  # a source policy that differs from the learner's
         rows = learner_rows(0, prompts, [own, other], old, adv.effective, adv.trains_on)
+        batches = mini_batches(rows, schedule_for(0, adv.trains_on, mini_batch_size=B))  # 2 updates of 2 prompts
         losses, grads = [], None
         for step in range(3):
-            metrics = trainer.train_step(rows, B)
+            metrics = trainer.train_step(batches)
             losses.extend(m["loss"] for m in metrics)
             if step == 0:
                 grads = export_hf_state_dict(agent.model, hf_config, parallel,
@@ -120,8 +131,8 @@ def part_agents(cfg, out):
     for k, (agent_cfg, parallel) in enumerate(zip(cfg.agents, groups)):
         if parallel.is_member:
             agent = build_agent_model(configs[k], parallel, seed=cfg.run.seed + k)
-            hp = TrainHyperparams(lr=agent_cfg.lr or cfg.train.lr, prompts_per_mini_batch=cfg.train.mini_batch_size,
-                                  micro_batch_size=cfg.train.micro_batch_size, total_steps=4,
+            hp = TrainHyperparams(lr=agent_cfg.lr or cfg.train.lr, micro_batch_size=cfg.train.micro_batch_size,
+                                  total_steps=4,
                                   alpha=cfg.algorithm.alpha, delta=cfg.algorithm.delta,
                                   delta_step=cfg.algorithm.delta_step)
             trainers[k] = AgentTrainer(agent, spec, hp)
@@ -135,9 +146,61 @@ def part_agents(cfg, out):
             means = seq_means(trainer, [(r.prompt_ids, r.response_ids) for r in rows])
             objective.append(-sum(r.advantage * m for r, m in zip(rows, means)) / len(rows))
             if step < 4:
-                metrics = trainer.train_step(rows, B)
+                metrics = trainer.train_step(mini_batches(rows, schedule_for(k, adv.trains_on, cfg.train.mini_batch_size)))
         report[cfg.agents[k].name] = {"objective": objective, "num_rows": len(rows), "rank_metrics": metrics,
-                                      "num_cross": metrics[0]["num_cross"], "num_own": metrics[0]["num_own"]}
+                                      "num_updates": len(metrics), "num_cross": sum(m["num_cross"] for m in metrics),
+                                      "num_own": sum(m["num_own"] for m in metrics)}
+    return report
+
+
+def k3_reference(own_rows, token_logp, kl_sequences):
+    """float64: mean over own rows of each row's token-mean exp(ref - logp) - (ref - logp) - 1."""
+    total = 0.0
+    for row in own_rows:
+        current = torch.tensor(token_logp[kl_sequences.index((row.prompt_ids, row.response_ids))], dtype=torch.float64)
+        diff = torch.tensor(row.ref_token_logp, dtype=torch.float64) - current
+        total += float((torch.exp(diff) - diff - 1.0).mean())
+    return total / len(own_rows)
+
+
+def part_kl(hf_config, out, kl_coef=0.5):
+    layouts = {"tp1": ParallelConfig(tensor=1, first_rank=0), "dp2": ParallelConfig(data=2, first_rank=0)}
+    groups = create_agent_groups([AgentConfig(name=n, model="x", parallel=p) for n, p in layouts.items()])
+    hf = hf_model_from_config(hf_config, seed=4)
+    vocab = hf_config["vocab_size"]
+    prompts, own = toy_responses(30, vocab)
+    _, other = toy_responses(31, vocab)
+    rewards = torch.tensor([[[1.0, 0.0], [0.0, 1.0], [1.0, 1.0], [0.0, 1.0]],
+                            [[1.0, 1.0], [1.0, 0.0], [0.0, 1.0], [0.0, 0.0]]])
+    spec = resolve_algorithm("hacpo")
+    adv = step_advantages(rewards, batch_capabilities(rewards), spec)
+    report = {}
+    for name, parallel in zip(layouts, groups):
+        if not parallel.is_member:
+            continue
+        trainers = {}
+        for coef in (0.0, kl_coef):
+            agent = build_agent_model(hf_config, parallel)
+            load_hf_state_dict_into_model(agent.model, hf.state_dict(), hf_config, parallel)
+            trainers[coef] = AgentTrainer(agent, spec, TrainHyperparams(lr=1e-3, grad_clip=0.0, micro_batch_size=3,
+                                                                        total_steps=1, kl_coef=coef))
+        sequences = flat(own, prompts) + flat(other, prompts)
+        result = trainers[0.0].sequence_logprobs(sequences)
+        token_logp = [result.token_logprobs[i, : int(result.lengths[i])].tolist() for i in range(len(sequences))]
+        means = [sum(t) / len(t) for t in token_logp]
+        rows = learner_rows(0, prompts, [own, other], [means[: B * G], [m - 0.1 for m in means[B * G:]]],
+                            adv.effective, adv.trains_on)
+        # a reference policy away from the current one; two bridged answers dropped (one of prompt 0)
+        rows = [dataclasses.replace(r, ref_token_logp=[x - 0.3 * ((t % 3) - 1) for t, x in enumerate(token_logp[
+                    sequences.index((r.prompt_ids, r.response_ids))])]) if not r.is_cross else r
+                for r in rows if not (r.is_cross and (r.prompt_index, r.sample_index) in ((0, 1), (3, 0)))]
+        batches = mini_batches(rows, schedule_for(0, adv.trains_on, mini_batch_size=4))  # 2 prompts per update
+        first = {coef: trainer.train_step(batches)[0] for coef, trainer in trainers.items()}
+        own_rows = [r for r in batches[0] if not r.is_cross]
+        mixed = [sum(r.is_cross for r in batches[0][i:i + 3]) for i in range(0, len(batches[0]), 3)]
+        report[name] = {"loss_difference": first[kl_coef]["loss"] - first[0.0]["loss"], "kl_logged": first[kl_coef]["kl"],
+                        "kl_reference": k3_reference(own_rows, token_logp, sequences), "kl_coef": kl_coef,
+                        "micro_batch_cross_counts": mixed, "first_update_rows": len(batches[0])}
     return report
 
 
@@ -149,7 +212,7 @@ def main(config_path: str, out: Path) -> None:
     rank = dist.get_rank()
     cfg = load_config(config_path)
     first = load_hf_config_dict(cfg.agents[0].model)
-    report = {"layouts": part_layouts(first, out), "agents": part_agents(cfg, out)}
+    report = {"layouts": part_layouts(first, out), "agents": part_agents(cfg, out), "kl": part_kl(first, out)}
     (out / f"rank{rank}.json").write_text(json.dumps(report, indent=1))
     dist.barrier()
     dist.destroy_process_group()
