@@ -1,9 +1,11 @@
 """Feed one token batch through transformers and through the Megatron checkpoint; print max |Δlogit|.
 
-    torchrun --nproc_per_node 2 tools/compare_hf_megatron.py --hf-path HF_DIR --megatron-path CKPT_DIR --tp 2
     python tools/compare_hf_megatron.py --hf-path HF_DIR --megatron-path CKPT_DIR            # TP=1, PP=1
+    python tools/compare_hf_megatron.py --hf-path HF_DIR --megatron-path CKPT_DIR --tp 2     # starts 2 processes
+    torchrun --nproc_per_node 2 tools/compare_hf_megatron.py --hf-path HF_DIR --megatron-path CKPT_DIR --tp 2
 
-Run with TP x PP processes. The checkpoint is loaded at this TP/PP whatever it was saved at. Both
+Runs in TP x PP processes (started by the tool when run plainly, see hacpo_megatron/checkpoint/local_world.py;
+torchrun's ranks otherwise). The checkpoint is loaded at this TP/PP whatever it was saved at. Both
 models compute in --dtype (float32 by default). The Megatron logits (split over TP, on the last
 pipeline stage) are gathered on the last stage's first rank and compared there with transformers'
 over the true vocabulary (padding rows dropped). Exits 1 when the difference exceeds --tolerance.
@@ -21,6 +23,7 @@ import torch.distributed as dist
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 from hacpo_megatron.checkpoint.hf_io import read_hf_config  # noqa: E402
+from hacpo_megatron.checkpoint.local_world import WorkerError, finish, is_first_rank, run_collective  # noqa: E402
 from hacpo_megatron.checkpoint.megatron_io import (  # noqa: E402
     check_parallel_layout, ensure_distributed, load_agent_checkpoint, read_checkpoint_hf_config, single_agent_parallel,
 )
@@ -74,17 +77,27 @@ def megatron_logits(agent: AgentModel, tokens: torch.Tensor) -> Optional[torch.T
 
 def compare_hf_megatron(hf_path: str, megatron_path: str, *, tensor_parallel: int = 1, pipeline_parallel: int = 1,
                         dtype: str = "float32", batch_size: int = 2, seq_length: int = 16, seed: int = 0) -> float:
-    """max |HF logits - Megatron logits| over the batch; the same number on every rank. Collective."""
-    import transformers
+    """max |HF logits - Megatron logits| over the batch; the same number on every rank. Collective.
 
+    Called in a plain process (a world of one) with TP x PP > 1, it starts TP x PP processes itself.
+    """
     hf_config = read_checkpoint_hf_config(megatron_path)
     arch = read_architecture(hf_config)
     if read_architecture(read_hf_config(hf_path)) != arch:
         raise ValueError(f"{hf_path} and {megatron_path} hold different architectures")
     check_parallel_layout(arch, tensor_parallel, pipeline_parallel)
+    return run_collective(_compare, hf_path, megatron_path, hf_config, tensor_parallel, pipeline_parallel, dtype,
+                          batch_size, seq_length, seed, world_size=tensor_parallel * pipeline_parallel)
+
+
+def _compare(hf_path: str, megatron_path: str, hf_config: dict, tensor_parallel: int, pipeline_parallel: int,
+             dtype: str, batch_size: int, seq_length: int, seed: int) -> float:
+    """The comparison on one rank, after the checks."""
+    import transformers
+
     ensure_distributed()
     parallel = single_agent_parallel("compare", tensor_parallel, pipeline_parallel)
-    tokens = token_batch(arch.vocab_size, batch_size, seq_length, seed)
+    tokens = token_batch(read_architecture(hf_config).vocab_size, batch_size, seq_length, seed)
     output_rank = parallel.global_rank_of(tp_rank=0, dp_rank=0, pp_rank=pipeline_parallel - 1)
 
     difference = torch.zeros((), dtype=torch.float64)
@@ -117,13 +130,13 @@ def main(argv: Optional[list] = None) -> None:
         difference = compare_hf_megatron(args.hf_path, args.megatron_path, tensor_parallel=args.tp,
                                          pipeline_parallel=args.pp, dtype=args.dtype, batch_size=args.batch_size,
                                          seq_length=args.seq_length, seed=args.seed)
-    except (ValueError, FileNotFoundError) as error:
+    except (ValueError, FileNotFoundError, WorkerError) as error:
         sys.exit(f"compare_hf_megatron: error: {error}")
     within = difference <= args.tolerance
-    if dist.get_rank() == 0:
+    if is_first_rank():
         print(f"max |logit difference| = {difference:.3e} (TP={args.tp}, PP={args.pp}, {args.dtype}); "
               f"tolerance {args.tolerance:.1e}: {'OK' if within else 'EXCEEDED'}")
-    dist.destroy_process_group()
+    finish()
     sys.exit(0 if within else 1)
 
 

@@ -1,15 +1,19 @@
 """Hugging Face model folder -> one agent's Megatron distributed checkpoint (self-describing).
 
     python tools/convert_hf_to_megatron.py --hf-path HF_DIR --save CKPT_DIR                 # TP=1, PP=1
+    python tools/convert_hf_to_megatron.py --hf-path HF_DIR --save CKPT_DIR --tp 2 --pp 2   # starts 4 processes
     torchrun --nproc_per_node 4 tools/convert_hf_to_megatron.py --hf-path HF_DIR --save CKPT_DIR --tp 2 --pp 2
 
 The checkpoint loads at any TP/PP later (megatron reshards on load); --tp/--pp only choose how the
 conversion itself is split (memory per process: one TP x PP slice of the model plus one HF tensor).
-The output folder (see hacpo_megatron/checkpoint/megatron_io.py) carries the HF config and tokenizer.
+Run plainly, the tool starts the TP x PP processes itself (hacpo_megatron/checkpoint/local_world.py); under
+torchrun it uses the ranks it is given. The output folder (see hacpo_megatron/checkpoint/megatron_io.py)
+carries the HF config and tokenizer.
 
-Everything that can be checked is checked before any work: supported architecture, complete weight
-files, TP dividing the heads, PP dividing the layers, an empty target. The checkpoint is written to
-`<save>.partial` and renamed to `<save>` when complete: an interrupted conversion never looks finished.
+Everything that can be checked is checked before any work, and before any process starts: supported
+architecture, complete weight files, TP dividing the heads, PP dividing the layers, an empty target.
+The checkpoint is written to `<save>.partial` and renamed to `<save>` when complete: an interrupted
+conversion never looks finished.
 """
 from __future__ import annotations
 
@@ -25,9 +29,11 @@ import torch.distributed as dist
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 from hacpo_megatron.checkpoint.hf_io import (  # noqa: E402
-    GENERATION_CONFIG_FILE, check_empty_target, check_hf_weights_complete, has_tokenizer, publish_folder, read_hf_config,
+    GENERATION_CONFIG_FILE, HFWeights, check_empty_target, check_hf_weights_complete, has_tokenizer, publish_folder,
+    read_hf_config,
 )
 from hacpo_megatron.checkpoint.hf_mapping import load_hf_state_dict_into_model  # noqa: E402
+from hacpo_megatron.checkpoint.local_world import WorkerError, finish, is_first_rank, run_collective  # noqa: E402
 from hacpo_megatron.checkpoint.megatron_io import (  # noqa: E402
     AgentState, check_parallel_layout, ensure_distributed, save_agent_checkpoint, single_agent_parallel,
 )
@@ -42,19 +48,27 @@ def convert_hf_to_megatron(hf_path: str, save: str, *, tensor_parallel: int = 1,
                            dtype: Optional[str] = None, name: Optional[str] = None) -> Path:
     """Convert; collective over the world (ranks 0 .. TP*PP-1 hold the model). Returns the folder.
 
-    `dtype`: the checkpoint's parameter dtype; default: that of the HF weights (exact round trip).
+    Called in a plain process (a world of one) with TP x PP > 1, it starts TP x PP processes for the
+    conversion itself (`run_collective`). `dtype`: the checkpoint's parameter dtype; default: that of
+    the HF weights (exact round trip).
     """
     hf_path, save_path = Path(hf_path), Path(save)
-    # ---- checks before work (every rank makes them; they only read headers) ----
+    # ---- checks before work (every rank makes them, or the one process before it starts the others) ----
     hf_config = read_hf_config(hf_path)
     arch = read_architecture(hf_config)
     check_parallel_layout(arch, tensor_parallel, pipeline_parallel)
     weights = check_hf_weights_complete(hf_path, arch)
     check_empty_target(save_path)
     params_dtype = DTYPES[dtype] if dtype else weights.dtype_of("model.embed_tokens.weight")
+    return run_collective(_convert, hf_path, save_path, hf_config, params_dtype, tensor_parallel, pipeline_parallel,
+                          name or save_path.name, world_size=tensor_parallel * pipeline_parallel)
 
+
+def _convert(hf_path: Path, save_path: Path, hf_config: dict, params_dtype: torch.dtype, tensor_parallel: int,
+             pipeline_parallel: int, name: str) -> Path:
+    """The conversion on one rank, after the checks."""
     ensure_distributed()
-    parallel = single_agent_parallel(name or save_path.name, tensor_parallel, pipeline_parallel)
+    parallel = single_agent_parallel(name, tensor_parallel, pipeline_parallel)
     partial = save_path.with_name(save_path.name + PARTIAL_SUFFIX)
     if dist.get_rank() == 0 and partial.exists():
         shutil.rmtree(partial)  # left by an interrupted conversion
@@ -63,7 +77,7 @@ def convert_hf_to_megatron(hf_path: str, save: str, *, tensor_parallel: int = 1,
     agent = None
     if parallel.is_member:
         agent = build_agent_model(hf_config, parallel, params_dtype=params_dtype)
-        load_hf_state_dict_into_model(agent.model, weights, hf_config, parallel)  # one tensor at a time
+        load_hf_state_dict_into_model(agent.model, HFWeights(hf_path), hf_config, parallel)  # one tensor at a time
     tokenizer_dir = hf_path if has_tokenizer(hf_path) else None
     save_agent_checkpoint(partial, AgentState(parallel, hf_config, agent, tokenizer_dir=tokenizer_dir))
 
@@ -88,11 +102,11 @@ def main(argv: Optional[list] = None) -> None:
     try:
         path = convert_hf_to_megatron(args.hf_path, args.save, tensor_parallel=args.tp, pipeline_parallel=args.pp,
                                       dtype=args.dtype, name=args.name)
-    except (ValueError, FileExistsError) as error:  # bad input: a message, not a traceback
+    except (ValueError, FileExistsError, WorkerError) as error:  # bad input: a message, not a traceback
         sys.exit(f"convert_hf_to_megatron: error: {error}")
-    if dist.get_rank() == 0:
+    if is_first_rank():
         print(f"saved Megatron checkpoint (TP={args.tp}, PP={args.pp}) to {path}")
-    dist.destroy_process_group()
+    finish()
 
 
 if __name__ == "__main__":

@@ -9,9 +9,10 @@ The output has config.json, sharded safetensors (with model.safetensors.index.js
 shard), the tokenizer files and generation_config.json when the checkpoint has them. Vocabulary padding
 is removed; with tied embeddings no lm_head is written (the HF model ties it to embed_tokens).
 
-Memory: run plainly, one process holds the model once (loaded at TP=1, PP=1) and one shard being
-written. Under `torchrun --nproc_per_node N` with --tp/--pp the model is split over N processes and
-tensors stream to rank 0 one at a time. Output goes to `<save>.partial` and is renamed when complete.
+Memory: at TP=1, PP=1 (the default) one process holds the model once and one shard being written.
+With --tp/--pp the model is split over TP x PP processes (started by the tool when run plainly, see
+hacpo_megatron/checkpoint/local_world.py; torchrun's ranks otherwise) and tensors stream to rank 0 one at a
+time. Output goes to `<save>.partial` and is renamed when complete.
 """
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ from hacpo_megatron.checkpoint.hf_io import (  # noqa: E402
     parse_size, publish_folder, write_hf_weights,
 )
 from hacpo_megatron.checkpoint.hf_mapping import iter_hf_tensors  # noqa: E402
+from hacpo_megatron.checkpoint.local_world import WorkerError, finish, is_first_rank, run_collective  # noqa: E402
 from hacpo_megatron.checkpoint.megatron_io import (  # noqa: E402
     check_parallel_layout, checkpoint_tokenizer_dir, ensure_distributed, find_agent_checkpoints,
     is_agent_checkpoint, load_agent_checkpoint, read_checkpoint_hf_config, read_checkpoint_metadata,
@@ -45,14 +47,23 @@ PARTIAL_SUFFIX = ".partial"
 
 def convert_megatron_to_hf(load: str, save: str, *, max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
                            tensor_parallel: int = 1, pipeline_parallel: int = 1) -> Dict[str, Path]:
-    """Export one agent (or every agent of a run's latest step); {agent name: HF folder}. Collective."""
+    """Export one agent (or every agent of a run's latest step); {agent name: HF folder}. Collective.
+
+    Called in a plain process (a world of one) with TP x PP > 1, it starts TP x PP processes itself.
+    """
     load_path, save_path = Path(load), Path(save)
     # ---- checks before work ----
     checkpoints = find_agent_checkpoints(load_path)
     for folder in checkpoints.values():
         check_parallel_layout(read_architecture(read_checkpoint_hf_config(folder)), tensor_parallel, pipeline_parallel)
     check_empty_target(save_path)
+    return run_collective(_export, load_path, save_path, checkpoints, max_shard_bytes, tensor_parallel,
+                          pipeline_parallel, world_size=tensor_parallel * pipeline_parallel)
 
+
+def _export(load_path: Path, save_path: Path, checkpoints: Dict[str, Path], max_shard_bytes: int,
+            tensor_parallel: int, pipeline_parallel: int) -> Dict[str, Path]:
+    """The export on one rank, after the checks."""
     ensure_distributed()
     partial = save_path.with_name(save_path.name + PARTIAL_SUFFIX)
     if dist.get_rank() == 0:
@@ -105,18 +116,18 @@ def main(argv: Optional[list] = None) -> None:
     parser.add_argument("--load", required=True, help="agent checkpoint, step folder, or training run folder")
     parser.add_argument("--save", required=True, help="new (or empty) folder for the Hugging Face model(s)")
     parser.add_argument("--max-shard-size", default="5GB", help="largest safetensors shard (e.g. 5GB, 500MB)")
-    parser.add_argument("--tp", type=int, default=1, help="tensor parallel size to load at (needs torchrun)")
-    parser.add_argument("--pp", type=int, default=1, help="pipeline parallel size to load at (needs torchrun)")
+    parser.add_argument("--tp", type=int, default=1, help="tensor parallel size to load at (memory per process)")
+    parser.add_argument("--pp", type=int, default=1, help="pipeline parallel size to load at (memory per process)")
     args = parser.parse_args(argv)
     try:
         targets = convert_megatron_to_hf(args.load, args.save, max_shard_bytes=parse_size(args.max_shard_size),
                                          tensor_parallel=args.tp, pipeline_parallel=args.pp)
-    except (ValueError, FileExistsError) as error:
+    except (ValueError, FileExistsError, WorkerError) as error:
         sys.exit(f"convert_megatron_to_hf: error: {error}")
-    if dist.get_rank() == 0:
+    if is_first_rank():
         for name, path in targets.items():
             print(f"exported {name} to {path}")
-    dist.destroy_process_group()
+    finish()
 
 
 if __name__ == "__main__":
