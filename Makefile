@@ -19,9 +19,7 @@ $(VLLM_STAMP): $(STAMP)
 setup: $(STAMP)
 
 run: $(STAMP)
-	.venv/bin/torchrun --standalone \
-	  --nproc_per_node=$$($(PY) -m hacpo_megatron.config --config $(CONFIG) --print-world-size) \
-	  examples/hacpo_pretrain_style.py --config $(CONFIG) $(ARGS)
+	$(PY) -m hacpo_megatron.launch --config $(CONFIG) $(ARGS)
 
 test: $(STAMP) $(VLLM_STAMP)
 	$(PY) -m pytest -q tests $(PYTEST_ARGS)

@@ -4,7 +4,8 @@
              [--output-dir DIR] [--resume] [--ray-address ADDR]
 
 N is the number of ranks the config's agents need (`python -m hacpo_megatron.config --config FILE
---print-world-size`; `make run` works it out). Without --config it runs configs/default.yaml: two
+--print-world-size`); `python -m hacpo_megatron.launch` (what `make run` calls) checks every input,
+works N out and starts torchrun. Without --config it runs configs/default.yaml: two
 tiny heterogeneous agents on synthetic math, on a laptop-sized CPU machine.
 
 Like pretrain_gpt.py, this file holds the parts a user swaps — how an agent's model is provided
@@ -12,7 +13,6 @@ Like pretrain_gpt.py, this file holds the parts a user swaps — how an agent's 
 hacpo_megatron/training/loop.py). The forward step and the loss are the library's
 (models/logprobs.py: vocab-parallel log-probs; algorithms/losses.py: the HACPO objective).
 """
-import argparse
 import faulthandler
 import os
 import signal
@@ -23,12 +23,13 @@ import torch.distributed as dist
 
 from hacpo_megatron.checkpoint.hf_mapping import load_hf_state_dict_into_model
 from hacpo_megatron.config import AgentConfig, Config, ConfigError, load_config
+from hacpo_megatron.launch import output_dir_of, parse_args
 from hacpo_megatron.models.build import AgentModel, build_agent_model
+from hacpo_megatron.orchestrator.preemption import PREEMPTED_EXIT_CODE, Preempted
 from hacpo_megatron.parallel.groups import AgentParallel
 from hacpo_megatron.training.loop import RunOptions, run_hacpo
+from hacpo_megatron.training.preflight import INPUT_ERROR_EXIT_CODE, InputError
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DEFAULT_CONFIG = os.path.join(REPO, "configs", "default.yaml")
 
 
 def model_provider(cfg: Config):
@@ -47,13 +48,9 @@ def model_provider(cfg: Config):
 def initial_weights(cfg: Config, agent_cfg: AgentConfig, parallel: AgentParallel, hf_config, seed):
     """Pretrained weights (`init_from`: a Hugging Face folder or an agent checkpoint), else the
     supervised warm-up of a random model (cached on disk), else None (random weights)."""
-    if agent_cfg.init_from:
+    if agent_cfg.init_from:  # checked before any work (training/preflight.py): a complete HF folder
         from hacpo_megatron.checkpoint.hf_io import HFWeights
-        from hacpo_megatron.checkpoint.megatron_io import is_agent_checkpoint
 
-        if is_agent_checkpoint(agent_cfg.init_from):
-            raise SystemExit(f"{agent_cfg.name}: init_from {agent_cfg.init_from} is a Megatron agent checkpoint; "
-                             "convert it with tools/convert_megatron_to_hf.py or resume the run with --resume")
         return HFWeights(agent_cfg.init_from)
     if cfg.train.sft_warmup_steps <= 0:
         return None
@@ -72,31 +69,24 @@ def initial_weights(cfg: Config, agent_cfg: AgentConfig, parallel: AgentParallel
     return state if state is not None else warm_up()
 
 
-def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description="HACPO training of several Megatron-core agents")
-    parser.add_argument("--config", default=DEFAULT_CONFIG, help="YAML config (default: configs/default.yaml)")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="override any config key, e.g. --set algorithm.alpha=3")
-    parser.add_argument("--output-dir", default=None, help="run folder (default: runs/<run.name>)")
-    parser.add_argument("--resume", action="store_true", help="continue from the latest complete checkpoint")
-    parser.add_argument("--ray-address", default=None, help="join this Ray cluster instead of starting one")
-    parser.add_argument("--check-weights", action="store_true", help="verify engine weights after every sync")
-    parser.add_argument("--kill-engine-at-step", type=int, default=None, help=argparse.SUPPRESS)  # tests
-    return parser.parse_args(argv)
-
-
 def main(argv=None) -> int:
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 PID` prints where a rank is
     args = parse_args(argv)
+    says = int(os.environ.get("RANK", "0")) == 0  # rank 0 speaks for all: every rank reaches the same end
     try:
         cfg = load_config(args.config, args.overrides)
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    output_dir = args.output_dir or cfg.run.output_dir or os.path.join("runs", cfg.run.name)
-    options = RunOptions(output_dir=output_dir, resume=args.resume, ray_address=args.ray_address,
-                         kill_engine_at_step=args.kill_engine_at_step, weight_check=args.check_weights)
-    run_hacpo(cfg, options, model_provider(cfg))
+        options = RunOptions(output_dir=output_dir_of(args, cfg), resume=args.resume, ray_address=args.ray_address,
+                             kill_engine_at_step=args.kill_engine_at_step,
+                             kill_reward_at_step=args.kill_reward_at_step, weight_check=args.check_weights)
+        run_hacpo(cfg, options, model_provider(cfg))
+    except (ConfigError, InputError) as exc:  # the user's input: said once, without a traceback
+        if says:
+            print(f"error: {exc}", file=sys.stderr, flush=True)
+        return INPUT_ERROR_EXIT_CODE
+    except Preempted as exc:
+        if says:
+            print(str(exc), file=sys.stderr, flush=True)
+        return PREEMPTED_EXIT_CODE
     return 0
 
 

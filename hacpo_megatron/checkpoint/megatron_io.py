@@ -16,6 +16,8 @@ A training run keeps its checkpoints side by side and names the newest in a one-
       latest               "step_00000020": always a complete step (written last, by rename)
       step_00000010/<agent name>/...    one folder as above per agent
       step_00000010/trainer_state.pt    optional: the trainer's own state (step, RNG, data position, ...)
+      step_00000010/manifest.json       size and SHA-256 of every file above (checkpoint/integrity.py),
+                                        verified before a resume loads the step
       step_00000020/...
       step_00000030.tmp/   a save that was interrupted: never read, removed by the next save
 
@@ -45,6 +47,7 @@ import torch
 import torch.distributed as dist
 
 from hacpo_megatron.checkpoint.hf_io import copy_tokenizer_files, fsync_tree, write_file_atomically
+from hacpo_megatron.checkpoint.integrity import write_manifest
 from hacpo_megatron.models import cpu_compat
 from hacpo_megatron.models.architectures import Architecture, HFConfig, read_architecture
 from hacpo_megatron.models.build import AgentModel, build_agent_model
@@ -270,25 +273,32 @@ def save_agents_checkpoint(
     names = [a.parallel.name for a in agents]
     if len(set(names)) != len(names):
         raise ValueError(f"agent names must be distinct, got {names}")
-    if dist.get_rank() == 0:
-        root.mkdir(parents=True, exist_ok=True)
-        remove_interrupted_saves(root)
-        temporary.mkdir()
-    dist.barrier()
-    for agent in agents:
-        save_agent_checkpoint(temporary / agent.parallel.name, agent, step=step)
-    if dist.get_rank() == 0:
-        if trainer_state is not None:
-            torch.save(trainer_state, temporary / TRAINER_STATE_FILE)
-        _publish(temporary, final, root)
-        if keep_last:
-            prune_checkpoints(root, keep_last)
+    try:
+        if dist.get_rank() == 0:
+            root.mkdir(parents=True, exist_ok=True)
+            remove_interrupted_saves(root)
+            temporary.mkdir()
+        dist.barrier()
+        for agent in agents:
+            save_agent_checkpoint(temporary / agent.parallel.name, agent, step=step)
+        dist.barrier()  # every rank's files are complete before rank 0 lists them in the manifest
+        if dist.get_rank() == 0:
+            if trainer_state is not None:
+                torch.save(trainer_state, temporary / TRAINER_STATE_FILE)
+            _publish(temporary, final, root)
+            if keep_last:
+                prune_checkpoints(root, keep_last)
+    except OSError as error:  # disk full, I/O error: the previous step stays `latest`
+        previous = (root / LATEST_FILE).read_text().strip() if (root / LATEST_FILE).is_file() else "nothing yet"
+        raise CheckpointError(f"saving step {step} failed at {error.filename or temporary}: {error.strerror or error}; "
+                              f"`latest` still names {previous}") from error
     dist.barrier()
     return final
 
 
 def _publish(temporary: Path, final: Path, root: Path) -> None:
-    """fsync, rename the finished step into place, then move `latest` to it (rank 0)."""
+    """Manifest, fsync, rename the finished step into place, then move `latest` to it (rank 0)."""
+    write_manifest(temporary)
     fsync_tree(temporary)
     if final.exists():  # the same step saved again (e.g. after a resume): the new one wins
         stale = final.with_name(final.name + ".old" + TMP_SUFFIX)
@@ -345,6 +355,18 @@ def latest_checkpoint(root: PathLike) -> Optional[Path]:
     if not _STEP_DIR.match(name) or not path.is_dir():
         raise CheckpointError(f"{pointer}: names {name!r}, which is not a checkpoint folder under {root}")
     return path
+
+
+def resume_candidates(root: PathLike) -> List[Path]:
+    """Step folders to try when resuming, newest first: the one `latest` names (if it names one),
+    then every other finished step folder."""
+    root = Path(root)
+    try:
+        latest = latest_checkpoint(root)
+    except CheckpointError:  # `latest` itself damaged: the step folders remain
+        latest = None
+    others = [root / step_dir_name(s) for s in reversed(checkpoint_steps(root))]
+    return ([latest] if latest is not None else []) + [p for p in others if p != latest]
 
 
 def latest_step(root: PathLike) -> Optional[int]:
@@ -468,7 +490,7 @@ def load_agents_checkpoint(path: PathLike, agents: Sequence[AgentState]) -> Tupl
         if agent.parallel.is_member:
             load_agent_checkpoint(step_dir / agent.parallel.name, agent.model, agent.optimizer)
     state_path = step_dir / TRAINER_STATE_FILE
-    trainer_state = torch.load(state_path, weights_only=False) if state_path.is_file() else None
+    trainer_state = torch.load(state_path, weights_only=True) if state_path.is_file() else None
     return step_dir, trainer_state
 
 

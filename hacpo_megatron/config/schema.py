@@ -123,7 +123,7 @@ class TrainConfig:
 
 @dataclass
 class CheckpointConfig:
-    save_every: int = 0  # steps; 0: only at the end
+    save_every: int = 10  # steps; 0: only at the end (and on SIGTERM/SIGINT, whatever this says)
     keep_last: int = 2
 
 

@@ -27,11 +27,16 @@ def read_rows(path: str | Path) -> Iterator[Tuple[str, Dict[str, Any]]]:
 
 
 def _read_jsonl(path: Path) -> Iterator[Tuple[str, Dict[str, Any]]]:
-    with path.open(encoding="utf-8") as lines:
-        for line_number, line in enumerate(lines, start=1):
+    with path.open("rb") as lines:
+        for line_number, raw in enumerate(lines, start=1):
+            location = f"{path}:line {line_number}"
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise DataFormatError(f"{location}: not UTF-8 text (byte {raw[exc.start]:#04x} at column "
+                                      f"{exc.start + 1})") from None
             if not line.strip():
                 continue  # blank lines (a trailing newline) hold no row
-            location = f"{path}:line {line_number}"
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as exc:

@@ -160,5 +160,20 @@ def wait_until_alive(handle: Any, timeout_s: float = 300.0) -> int:
             time.sleep(0.5)
 
 
+def call_with_restarts(handle: Any, method: str, *args: Any, attempts: int = ACTOR_RESTARTS + 1) -> Any:
+    """`ray.get(handle.<method>.remote(*args))`; when the actor's process died (Ray restarts it), wait
+    for the new one and call again. Only for calls that give the same answer however often they run
+    (scoring): nothing is lost or counted twice."""
+    for attempt in range(attempts):
+        try:
+            return ray.get(getattr(handle, method).remote(*args))
+        except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as error:
+            if attempt == attempts - 1:
+                raise
+            print(f"{method} on {handle}: the actor died ({type(error).__name__}); waiting for its restart, "
+                  f"then calling again", flush=True)
+            wait_until_alive(handle)
+
+
 def engine_actor_name(run_name: str, agent_name: str) -> str:
     return f"hacpo-engine-{run_name}-{agent_name}"

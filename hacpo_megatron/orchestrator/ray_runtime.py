@@ -1,65 +1,200 @@
-"""Ray for a torchrun job: rank 0 starts a local Ray (or joins `--ray-address`); every rank connects.
+"""Ray for a torchrun job: rank 0 starts a local Ray of the run's own (or joins `--ray-address`);
+every rank connects.
 
 Every rank connects because each agent pushes its weights to its engine actor from its own engine
-rank, and Ray object transfers then go straight from that process to the actor. A local Ray is bound
-to loopback with no dashboard, and rank 0 stops it at the end; a joined cluster is left running.
+rank, and Ray object transfers then go straight from that process to the actor. A joined cluster
+(`--ray-address`) is used as its owner set it up (its auth mode and token come from the user's
+environment) and left running. A local Ray (no `--ray-address`) is private to the run:
+
+* **Always new.** `ray.init(address="local")`: never a cluster named by `RAY_ADDRESS`, by the record
+  a `ray start` leaves in `<tmp>/ray/ray_current_cluster` (even a stale one), or any other running Ray.
+* **Closed.** Token authentication (`RAY_AUTH_MODE=token`) with a fresh 256-bit token per run: every
+  TCP port of the local Ray (GCS, raylet, object manager, each worker's gRPC server, the runtime-env
+  agent's HTTP server) rejects calls without it. The token reaches Ray's processes through the
+  environment (`RAY_AUTH_TOKEN`, inherited by the GCS and raylet rank 0 starts and by the workers they
+  start; readable only by this user and root via /proc/PID/environ). The other ranks read it from a
+  0600 file in the run's 0700 folder; rank 0 deletes that file once every rank has connected. Nothing
+  is written to ~/.ray.
+* **Its own folder.** Ray's temp dir (unix sockets of the raylet and object store, logs, spilled
+  objects) is `<RAY_TMPDIR|TMPDIR|/tmp>/hacpo-ray-XXXXXXXX/ray`, inside a folder only this user can
+  enter (Ray makes its own folders world-writable; the 0700 parent keeps others out). The folder and
+  Ray's logs stay after the run, like Ray's own /tmp/ray/session_* folders.
+* **Loopback.** Its processes bind and advertise 127.0.0.1; no dashboard. Rank 0 stops it at the end.
+* **Outlives a preemption signal.** torchrun forwards SIGTERM to each rank's whole process group, and
+  Ray's own processes (GCS, raylet, ...) are in rank 0's. They are started with SIGTERM blocked (the
+  mask is inherited through fork and exec; Ray itself blocks SIGINT there), so the step in flight can
+  finish and be checkpointed (orchestrator/preemption.py); rank 0 then stops them as usual.
+
+docs/security.md lists every listening socket of a run and what protects it.
 """
 from __future__ import annotations
 
+import contextlib
 import os
-from dataclasses import dataclass
-from typing import Optional
+import secrets
+import signal
+import tempfile
+from dataclasses import dataclass, field
+from typing import Dict, Iterator, Optional
 
 import ray
 import torch.distributed as dist
 
 NAMESPACE = "hacpo"
+TOKEN_FILE = "auth_token"
+# Longest path Ray puts under its temp dir: a unix socket, whose path the kernel limits to 107 bytes.
+_SOCKET_TAIL = "/ray/session_2026-01-01_00-00-00_000000_4194304/sockets/plasma_store"
+_UNIX_PATH_MAX = 107
 
 
-def _loopback_only() -> None:
-    """Make a local Ray advertise 127.0.0.1 instead of the machine's network address.
+def _set_ray_env(values: Dict[str, Optional[str]]) -> Dict[str, Optional[str]]:
+    """Set (None: remove) Ray's variables in this process (and so in the processes it starts);
+    returns their previous values.
 
-    Ray turns 127.0.0.1 into the "remotely reachable" address unless its cluster mode is off
-    (`RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`, read at import: set for the processes Ray starts, and
-    patched into this already-imported one). Ray 2.60's gRPC servers still listen on every
-    interface; nothing here contacts them from outside the machine.
+    Ray reads its auth mode and token in C++ and caches both: reload its config and token cache
+    (what Ray's own `_enable_token_auth` does), so that the change holds although ray is imported.
     """
-    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a local job needs no token file in ~/.ray
+    previous = {key: os.environ.get(key) for key in values}
+    for key, value in values.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
     from ray._private import ray_constants
+    from ray._raylet import AuthenticationTokenLoader, Config
 
-    ray_constants.ENABLE_RAY_CLUSTER = False
+    Config.initialize("")
+    AuthenticationTokenLoader.instance().reset_cache()
+    # Ray turns 127.0.0.1 into the machine's "remotely reachable" address unless its cluster mode is
+    # off (RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0), a constant computed at import: recompute it.
+    ray_constants.ENABLE_RAY_CLUSTER = ray_constants.env_bool(
+        ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR, not ray_constants.IS_WINDOWS_OR_OSX)
+    return previous
+
+
+def _private_folder() -> str:
+    """A new folder only this user can enter (mkdtemp: 0700), where Ray's temp dir would be
+    (RAY_TMPDIR, TMPDIR or /tmp), or in /tmp if that path is too long for Ray's unix sockets."""
+    from ray._common.utils import get_default_system_temp_dir
+
+    base = get_default_system_temp_dir()
+    if len(base) + len("/hacpo-ray-XXXXXXXX") + len(_SOCKET_TAIL) > _UNIX_PATH_MAX:
+        base = "/tmp"
+    return tempfile.mkdtemp(prefix="hacpo-ray-", dir=base)
+
+
+def _write_private(path: str, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+
+
+def _remove(path: Optional[str]) -> None:
+    if path:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
 
 
 @dataclass
 class RayRuntime:
     address: str
     started_here: bool
+    private_dir: Optional[str] = None  # a local Ray's folder (0700): Ray's temp dir is private_dir/ray
+    _token_file: Optional[str] = field(default=None, repr=False)  # rank 0, until every rank has read it
+    _saved_env: Optional[Dict[str, Optional[str]]] = field(default=None, repr=False)
 
     @staticmethod
     def connect(ray_address: Optional[str], *, num_cpus: Optional[int] = None) -> "RayRuntime":
         """Collective over the torchrun world: rank 0 starts or joins, then the others join its address."""
         rank = dist.get_rank() if dist.is_initialized() else 0
-        shared = [None]  # (address, whether it is a local Ray started by this job)
+        shared = [None]  # (address, token file of the run's local Ray or None, its folder)
+        runtime = None
         if rank == 0:
             if ray_address:
                 ray.init(address=ray_address, namespace=NAMESPACE, log_to_driver=False)
+                runtime = RayRuntime(address=ray.get_runtime_context().gcs_address, started_here=False)
             else:
-                _loopback_only()
-                ray.init(num_cpus=num_cpus or os.cpu_count(), include_dashboard=False, namespace=NAMESPACE,
-                         _node_ip_address="127.0.0.1", log_to_driver=False,
-                         runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}})
-            shared = [(ray.get_runtime_context().gcs_address, not ray_address)]
+                runtime = RayRuntime._start_local(num_cpus)
+            shared = [(runtime.address, runtime._token_file, runtime.private_dir)]
         if dist.is_initialized():
             dist.broadcast_object_list(shared, src=0)
-        address, started_here = shared[0]
+        address, token_file, private_dir = shared[0]
         if rank != 0:
-            if started_here:
-                _loopback_only()
-            ray.init(address=address, namespace=NAMESPACE, log_to_driver=False)
-        return RayRuntime(address=address, started_here=started_here and rank == 0)
+            runtime = RayRuntime(address=address, started_here=False, private_dir=private_dir)
+            if token_file:
+                runtime._saved_env = _set_ray_env({**_local_env(), "RAY_AUTH_TOKEN": _read_token(token_file, rank)})
+            try:
+                ray.init(address=address, namespace=NAMESPACE, log_to_driver=False)
+            except BaseException:
+                runtime._restore_env()
+                raise
+        if token_file:
+            if dist.is_initialized():
+                dist.barrier()  # every rank has read the token: the file can go
+            if rank == 0:
+                _remove(runtime._token_file)
+                runtime._token_file = None
+        return runtime
+
+    @staticmethod
+    def _start_local(num_cpus: Optional[int]) -> "RayRuntime":
+        private_dir = _private_folder()
+        token = secrets.token_hex(32)  # what `ray get-auth-token --generate` makes: 256 random bits
+        token_file = os.path.join(private_dir, TOKEN_FILE)
+        _write_private(token_file, token)
+        saved = _set_ray_env({**_local_env(), "RAY_AUTH_TOKEN": token})
+        try:
+            with _blocked(signal.SIGTERM):  # Ray's processes inherit the mask: see the module docstring
+                ray.init(address="local", num_cpus=num_cpus or os.cpu_count(), include_dashboard=False,
+                         namespace=NAMESPACE, _node_ip_address="127.0.0.1",
+                         _temp_dir=os.path.join(private_dir, "ray"), log_to_driver=False,
+                         runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}})
+        except BaseException:
+            _remove(token_file)
+            _set_ray_env(saved)
+            raise
+        return RayRuntime(address=ray.get_runtime_context().gcs_address, started_here=True,
+                          private_dir=private_dir, _token_file=token_file, _saved_env=saved)
+
+    def _restore_env(self) -> None:
+        if self._saved_env is not None:
+            _set_ray_env(self._saved_env)
+            self._saved_env = None
 
     def shutdown(self) -> None:
         """Disconnect; rank 0 of a local Ray stops the whole local cluster (its processes included)."""
-        if ray.is_initialized():
-            ray.shutdown()
+        try:
+            if ray.is_initialized():
+                ray.shutdown()
+        finally:
+            _remove(self._token_file)  # only left if connect() did not get to its end
+            self._token_file = None
+            self._restore_env()
+
+
+@contextlib.contextmanager
+def _blocked(sig: int) -> Iterator[None]:
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {sig})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def _local_env() -> Dict[str, Optional[str]]:
+    """Ray's variables for the run's local Ray (the token is added by the caller)."""
+    return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": None, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+
+
+def _read_token(token_file: str, rank: int) -> str:
+    try:
+        with open(token_file, encoding="utf-8") as f:
+            return f.read().strip()
+    except OSError as error:
+        raise RuntimeError(
+            f"rank {rank} cannot read the token of the job's local Ray ({token_file}: {error.strerror}). "
+            "Without --ray-address rank 0 starts Ray on its own machine, bound to 127.0.0.1, and every "
+            "rank must run on that machine; on several machines start a Ray cluster and pass "
+            "--ray-address (README)") from None

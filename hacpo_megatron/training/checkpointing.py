@@ -12,7 +12,10 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from hacpo_megatron.checkpoint.megatron_io import AgentState, load_agents_checkpoint, save_agents_checkpoint
+from hacpo_megatron.checkpoint.integrity import choose_resume_checkpoint, describe
+from hacpo_megatron.checkpoint.megatron_io import (
+    AgentState, load_agents_checkpoint, resume_candidates, save_agents_checkpoint, step_dir_name,
+)
 
 
 def checkpoint_root(output_dir: str) -> str:
@@ -53,6 +56,23 @@ def _schedules(agents) -> Dict[str, Any]:
     return {name: state for part in gathered for name, state in part.items()}
 
 
+def _plain_numpy_rng_state() -> list:
+    """numpy's global RNG state in plain Python values (its 624 uint32 keys as ints): the run state
+    then holds only ints, floats, strings, lists, dicts and tensors, and loads with
+    torch.load(weights_only=True), which runs no code from the file (checkpoint/megatron_io.py)."""
+    name, keys, position, has_gauss, cached_gaussian = np.random.get_state()
+    return [name, keys.tolist(), int(position), int(has_gauss), float(cached_gaussian)]
+
+
+def _numpy_rng_state(saved) -> tuple:
+    name, keys, position, has_gauss, cached_gaussian = saved
+    return (name, np.asarray(keys, dtype=np.uint32), position, has_gauss, cached_gaussian)
+
+
+def step_folder(output_dir: str, step: int) -> str:
+    return os.path.join(checkpoint_root(output_dir), step_dir_name(step))
+
+
 def save(output_dir: str, step: int, agents, tracker, sampler, *, keep_last: int) -> None:
     """Collective: every rank enters. The step becomes `latest` only once completely written."""
     trainer_state = {
@@ -60,15 +80,35 @@ def save(output_dir: str, step: int, agents, tracker, sampler, *, keep_last: int
         "tracker": tracker.state_dict(),
         "sampler": sampler.state_dict(),
         "agents": _schedules(agents),
-        "rng": {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()},
+        "rng": {"python": random.getstate(), "numpy": _plain_numpy_rng_state(), "torch": torch.get_rng_state()},
     }
     save_agents_checkpoint(checkpoint_root(output_dir), step, _agent_states(output_dir, agents),
                            keep_last=keep_last, trainer_state=trainer_state)
 
 
+def choose_checkpoint(output_dir: str) -> str:
+    """Collective. Rank 0 verifies `latest` against its manifest, falls back to the newest intact step
+    if it is damaged (saying which file is), and tells every rank; InputError if none is intact."""
+    from hacpo_megatron.training.preflight import InputError
+
+    root = checkpoint_root(output_dir)
+    decision = [None]
+    if dist.get_rank() == 0:
+        choice = choose_resume_checkpoint(resume_candidates(root))
+        warnings, error = describe(choice, root)
+        for line in warnings:
+            print(f"warning: {line}", flush=True)
+        decision = [(str(choice.step_dir) if choice.step_dir else None, error)]
+    dist.broadcast_object_list(decision, src=0)
+    step_dir, error = decision[0]
+    if error:
+        raise InputError([f"--resume: {error}"])
+    return step_dir
+
+
 def load_latest(output_dir: str, agents, tracker, sampler) -> int:
-    """Restore everything from the latest complete checkpoint; returns the step to continue from."""
-    _, state = load_agents_checkpoint(checkpoint_root(output_dir), _agent_states(output_dir, agents))
+    """Restore everything from the newest intact checkpoint; returns the step to continue from."""
+    _, state = load_agents_checkpoint(choose_checkpoint(output_dir), _agent_states(output_dir, agents))
     if state is None:
         raise RuntimeError(f"{checkpoint_root(output_dir)}: the latest checkpoint has no run state")
     tracker.load_state_dict(state["tracker"])
@@ -78,7 +118,7 @@ def load_latest(output_dir: str, agents, tracker, sampler) -> int:
         trainer.scheduler.load_state_dict(saved["scheduler"])
         trainer.steps_done = saved["steps_done"]
     random.setstate(state["rng"]["python"])
-    np.random.set_state(state["rng"]["numpy"])
+    np.random.set_state(_numpy_rng_state(state["rng"]["numpy"]))
     torch.set_rng_state(state["rng"]["torch"])
     dist.barrier()
     return int(state["step"])

@@ -35,8 +35,9 @@ from hacpo_megatron.data import PromptSampler, load_prompts
 from hacpo_megatron.models.build import AgentModel
 from hacpo_megatron.models.presets import load_hf_config_dict
 from hacpo_megatron.orchestrator.actors import (
-    ACTOR_OPTIONS, EngineActor, RemoteEngine, RewardActor, engine_actor_name, wait_until_alive,
+    ACTOR_OPTIONS, EngineActor, RemoteEngine, RewardActor, call_with_restarts, engine_actor_name, wait_until_alive,
 )
+from hacpo_megatron.orchestrator.preemption import Preempted, PreemptionGuard
 from hacpo_megatron.orchestrator.ray_runtime import RayRuntime
 from hacpo_megatron.parallel.groups import AgentParallel, create_agent_groups, init_distributed
 from hacpo_megatron.parallel.layout import required_world_size
@@ -45,6 +46,7 @@ from hacpo_megatron.rollout.base import SamplingParams
 from hacpo_megatron.rollout.weight_sync import engine_rank, sync_weights
 from hacpo_megatron.training import checkpointing
 from hacpo_megatron.training.batch import UpdateSchedule, mini_batches
+from hacpo_megatron.training.preflight import check_inputs
 from hacpo_megatron.training.step_data import (
     OldLogProbs, drop_overlong_prompts, learner_rows, own_sequences, render_prompts, reward_items, rewards_tensor,
     rollout_stats, with_learner_old_logprobs,
@@ -62,6 +64,7 @@ class RunOptions:
     resume: bool = False
     ray_address: Optional[str] = None
     kill_engine_at_step: Optional[int] = None  # fault injection for tests: kill agent 0's engine once
+    kill_reward_at_step: Optional[int] = None  # ... or the reward actor, once
     weight_check: bool = False  # verify engine weights after every sync
 
 
@@ -83,6 +86,7 @@ class Agents:
 
 
 def run_hacpo(cfg: Config, options: RunOptions, model_provider: ModelProvider) -> None:
+    check_inputs(cfg, output_dir=options.output_dir, resume=options.resume)  # InputError before any work
     init_distributed()
     rank, world = dist.get_rank(), dist.get_world_size()
     needed = required_world_size(cfg.agents)
@@ -122,6 +126,7 @@ def run_hacpo(cfg: Config, options: RunOptions, model_provider: ModelProvider) -
     if rank == 0 and start_step == 0 and cfg.data.eval_every and eval_set:
         reporter.log_eval(0, _evaluate(cfg, agents, eval_set, reward_actor))
     finished = False
+    preemption = PreemptionGuard.install()
     try:
         for step in range(start_step, cfg.run.total_steps):
             records = _hacpo_step(step, cfg, spec, agents, sampler, tracker, reward_actor, options, G)
@@ -131,10 +136,17 @@ def run_hacpo(cfg: Config, options: RunOptions, model_provider: ModelProvider) -
             if rank == 0 and cfg.data.eval_every and eval_set and (done % cfg.data.eval_every == 0 or
                                                                       done == cfg.run.total_steps):
                 reporter.log_eval(done, _evaluate(cfg, agents, eval_set, reward_actor))
-            if (cfg.checkpoint.save_every and done % cfg.checkpoint.save_every == 0) or done == cfg.run.total_steps:
+            stop = preemption.stop_requested()  # collective: a signal to any rank ends the run here
+            if stop or _checkpoint_due(cfg, done):
                 checkpointing.save(options.output_dir, done, agents, tracker, sampler, keep_last=cfg.checkpoint.keep_last)
+            if stop:
+                raise Preempted(preemption.signal_name, done, checkpointing.step_folder(options.output_dir, done))
         finished = True
+    except Preempted:
+        finished = True  # every rank stopped at the same step boundary, its checkpoint written: an orderly end
+        raise
     finally:
+        preemption.uninstall()
         if reporter is not None:
             reporter.close()
         if finished:  # an orderly end: the others leave Ray first, then rank 0 stops it
@@ -163,7 +175,7 @@ def _hacpo_step(step, cfg, spec, agents: Agents, sampler, tracker, reward_actor,
     payload = [None]
     if rank == 0:
         if options.kill_engine_at_step == step:
-            _kill_engine(agents.engines[0])
+            _kill_actor(agents.engines[0])
         t = time.perf_counter()
         rollouts, failed = _generate_all(agents, prompt_ids, _sampling(cfg, G, step))
         times["time/rollout"] = time.perf_counter() - t
@@ -187,8 +199,10 @@ def _hacpo_step(step, cfg, spec, agents: Agents, sampler, tracker, reward_actor,
 
     payload = [None]
     if rank == 0:
+        if options.kill_reward_at_step == step:
+            _kill_actor(reward_actor)
         t = time.perf_counter()
-        scores, reward_stats = ray.get(reward_actor.score.remote(reward_items(prompts, rollouts)))
+        scores, reward_stats = call_with_restarts(reward_actor, "score", reward_items(prompts, rollouts))
         times["time/reward"] = time.perf_counter() - t
         payload = [(scores, reward_stats)]
     dist.broadcast_object_list(payload, src=0)
@@ -359,7 +373,7 @@ def _evaluate(cfg: Config, agents: Agents, eval_set, reward_actor) -> Dict[str, 
     accuracies = {}
     for k, future in futures.items():
         completions = ray.get(future)
-        scores, _ = ray.get(reward_actor.score.remote(reward_items(eval_set, [completions])))
+        scores, _ = call_with_restarts(reward_actor, "score", reward_items(eval_set, [completions]))
         accuracies[agents.names[k]] = float(np.mean(scores))
     return accuracies
 
@@ -407,7 +421,11 @@ def _load_data(cfg: Config, agents: Agents, options: RunOptions):
     return splits["train"], splits["eval"]
 
 
-def _kill_engine(handle) -> None:
+def _checkpoint_due(cfg: Config, done: int) -> bool:
+    return bool(cfg.checkpoint.save_every and done % cfg.checkpoint.save_every == 0) or done == cfg.run.total_steps
+
+
+def _kill_actor(handle) -> None:
     """Fault injection: end the actor's process as a crash would (Ray restarts it)."""
     ray.kill(handle, no_restart=False)
     time.sleep(1.0)

@@ -42,7 +42,7 @@ def small_config(tmp: Path, cache: Path, **changes) -> dict:
 def launch(config: dict, out: Path, *extra: str, nproc: int = 2) -> subprocess.Popen:
     path = out.with_suffix(".yaml")
     path.write_text(yaml.safe_dump(config))
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", RAY_AUTH_MODE="disabled")
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
     command = [str(TORCHRUN), "--standalone", "--nproc_per_node", str(nproc), str(ENTRY), "--config", str(path),
                "--output-dir", str(out), *extra]
     return subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -82,18 +82,6 @@ def metrics(out: Path) -> list:
 
 def comparable(records: list) -> list:
     return [{k: v for k, v in r.items() if not k.startswith(IGNORED)} for r in records]
-
-
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    return tmp_path_factory.mktemp("warmup-cache")
-
-
-@pytest.fixture(scope="module")
-def reference_run(tmp_path_factory, cache):
-    out = tmp_path_factory.mktemp("reference") / "run"
-    run(small_config(out.parent, cache, checkpoint={"save_every": 1}), out)
-    return out
 
 
 def test_a_run_writes_everything_a_user_reads(reference_run):

@@ -1,0 +1,81 @@
+"""Start the main job on this machine: check the config and every input, then hand over to torchrun.
+
+    python -m hacpo_megatron.launch [--config FILE] [--set KEY=VALUE ...] [--output-dir DIR] [--resume] [...]
+
+(`make run` runs this.) A mistake in the config or in what it names (data files, tokenizer or model
+folders, the checkpoint to resume) is printed as one line and exits with code 2 within seconds,
+before torchrun, process groups, models or Ray exist. Otherwise the process becomes torchrun
+(`os.execv`, so signals reach torchrun directly and from it every rank) with as many ranks as the
+config's agents need. On a cluster, call torchrun yourself (README); the ranks make the same checks.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import sys
+from typing import List, Optional
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEFAULT_CONFIG = os.path.join(REPO, "configs", "default.yaml")
+ENTRY = os.path.join(REPO, "examples", "hacpo_pretrain_style.py")
+
+
+def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
+    """The main job's command line (the same for this launcher and for the entry under torchrun)."""
+    parser = argparse.ArgumentParser(description="HACPO training of several Megatron-core agents")
+    parser.add_argument("--config", default=DEFAULT_CONFIG, help="YAML config (default: configs/default.yaml)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override any config key, e.g. --set algorithm.alpha=3")
+    parser.add_argument("--output-dir", default=None, help="run folder (default: runs/<run.name>)")
+    parser.add_argument("--resume", action="store_true", help="continue from the latest intact checkpoint")
+    parser.add_argument("--ray-address", default=None, help="join this Ray cluster instead of starting one")
+    parser.add_argument("--check-weights", action="store_true", help="verify engine weights after every sync")
+    parser.add_argument("--kill-engine-at-step", type=int, default=None, help=argparse.SUPPRESS)  # tests
+    parser.add_argument("--kill-reward-at-step", type=int, default=None, help=argparse.SUPPRESS)  # tests
+    return parser.parse_args(argv)
+
+
+def output_dir_of(args: argparse.Namespace, cfg) -> str:
+    return args.output_dir or cfg.run.output_dir or os.path.join("runs", cfg.run.name)
+
+
+def torchrun_command(nproc: int, entry_args: List[str]) -> List[str]:
+    """torchrun for one machine: `nproc` ranks, a static rendezvous at 127.0.0.1 on a free port.
+
+    Not `--standalone`: its c10d rendezvous keeps pickled state in a store that listens on every
+    interface and unpickles it on every heartbeat (docs/security.md). The static store holds no
+    pickles, but torch's TCPStore still listens on every interface whatever address it is given.
+    """
+    return [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc_per_node={nproc}",
+            "--master-addr=127.0.0.1", f"--master-port={_free_port()}", ENTRY, *entry_args]
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parse_args(argv)
+    from hacpo_megatron.config import ConfigError, load_config
+    from hacpo_megatron.training.preflight import INPUT_ERROR_EXIT_CODE, InputError, check_inputs
+
+    try:
+        cfg = load_config(args.config, args.overrides)
+        check_inputs(cfg, output_dir=output_dir_of(args, cfg), resume=args.resume)
+    except (ConfigError, InputError) as error:
+        print(f"error: {error}", file=sys.stderr, flush=True)
+        return INPUT_ERROR_EXIT_CODE
+    from hacpo_megatron.parallel.layout import required_world_size
+
+    command = torchrun_command(required_world_size(cfg.agents), argv)
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # gloo's connections stay on loopback
+    os.execv(command[0], command)
+    return 0  # not reached
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,75 @@
+"""Preemption: SIGTERM or SIGINT (how SLURM, Kubernetes and a terminal stop a job; torchrun forwards
+them to every rank) ends the run at the next step boundary with a complete checkpoint.
+
+    guard = PreemptionGuard.install()     every rank, before the first step
+    ...one step...
+    if guard.stop_requested():            collective: true on every rank once any rank was signalled
+        save a checkpoint of the finished step; raise Preempted
+
+The first signal only sets a flag (the step in flight finishes: its collectives cannot be left
+half-way on some ranks); a second signal stops at once. torchrun waits 30 s after forwarding a
+signal before it kills the ranks, which bounds how long a step plus its checkpoint may take.
+"""
+from __future__ import annotations
+
+import signal
+import sys
+from dataclasses import dataclass, field
+from typing import Dict, Optional
+
+import torch
+import torch.distributed as dist
+
+SIGNALS = (signal.SIGTERM, signal.SIGINT)
+PREEMPTED_EXIT_CODE = 143  # 128 + SIGTERM: "stopped on request", as schedulers read it
+
+
+class Preempted(Exception):
+    """The run stopped on a signal after saving the checkpoint of `step`."""
+
+    def __init__(self, signal_name: str, step: int, checkpoint: str):
+        super().__init__(f"stopped by {signal_name} after step {step}; checkpoint {checkpoint} is complete: "
+                         f"run the same command with --resume to continue")
+        self.step = step
+
+
+@dataclass
+class PreemptionGuard:
+    received: Optional[int] = None  # the first signal's number
+    _previous: Dict[int, object] = field(default_factory=dict)
+
+    @classmethod
+    def install(cls) -> "PreemptionGuard":
+        guard = cls()
+        for sig in SIGNALS:
+            guard._previous[sig] = signal.signal(sig, guard._handle)
+        return guard
+
+    def _handle(self, signum, frame) -> None:
+        if self.received is not None:  # the second signal: stop now
+            self.uninstall()
+            raise KeyboardInterrupt(f"{signal.Signals(signum).name} received twice: stopping at once")
+        self.received = signum
+        print(f"{signal.Signals(signum).name} received: finishing the current step, then saving a checkpoint "
+              f"(send it again to stop at once)", file=sys.stderr, flush=True)
+
+    def stop_requested(self) -> bool:
+        """Collective over the world: whether any rank has been signalled."""
+        flag = torch.tensor([0 if self.received is None else self.received], dtype=torch.int64)
+        if dist.is_initialized():
+            if torch.cuda.is_available():
+                flag = flag.cuda()
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        signum = int(flag.item())
+        if signum and self.received is None:
+            self.received = signum
+        return bool(signum)
+
+    @property
+    def signal_name(self) -> str:
+        return signal.Signals(self.received).name if self.received else ""
+
+    def uninstall(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()

@@ -1,0 +1,86 @@
+"""Everything a run reads from the user, checked before any process group, model or actor exists.
+
+A mistake in the user's input (a data file, a tokenizer or model folder, a checkpoint to resume) is
+an `InputError`: the entry point prints it once (rank 0), without a traceback, and exits with code 2.
+Every rank runs the same checks on the same inputs, so all of them stop, and none waits for another
+in a collective. Errors are collected, so one run reports all of them.
+"""
+from __future__ import annotations
+
+import os
+from typing import List
+
+from hacpo_megatron.config import Config
+
+INPUT_ERROR_EXIT_CODE = 2
+
+
+class InputError(Exception):
+    """A problem with the user's input, already phrased for the user (file, line, key)."""
+
+    def __init__(self, problems: List[str]):
+        self.problems = list(problems)
+        head = self.problems[0] if len(self.problems) == 1 else f"{len(self.problems)} problems with the run's input:"
+        super().__init__("\n  ".join([head] + (self.problems if len(self.problems) > 1 else [])))
+
+
+def check_inputs(cfg: Config, *, output_dir: str, resume: bool) -> None:
+    """Raise InputError naming every problem found; return quietly when the inputs are usable.
+
+    Files first (data, model folders, checkpoints: a second or two), tokenizers only when those are
+    fine (loading them takes seconds): a wrong path is reported at once.
+    """
+    problems = _file_problems(cfg, output_dir, resume) or _tokenizer_problems(cfg)
+    if problems:
+        raise InputError(problems)
+
+
+def _attempt(problems: List[str], where: str, check) -> None:
+    try:
+        check()
+    except (ValueError, OSError, KeyError) as error:  # the readers' own errors name file and line
+        problems.append(f"{where}: {error}")
+
+
+def _file_problems(cfg: Config, output_dir: str, resume: bool) -> List[str]:
+    from hacpo_megatron.data import load_prompts
+
+    problems: List[str] = []
+    _attempt(problems, "data.train", lambda: load_prompts(cfg.data.train, "train"))
+    if cfg.data.eval:
+        _attempt(problems, "data.eval", lambda: load_prompts(cfg.data.eval, "eval"))
+    if cfg.train.sft_warmup_steps > 0 and cfg.train.sft_warmup_task:
+        _attempt(problems, "train.sft_warmup_task", lambda: load_prompts(cfg.train.sft_warmup_task, "train"))
+    for k, agent in enumerate(cfg.agents):
+        if agent.init_from:
+            _attempt(problems, f"agents.{k} ({agent.name}).init_from", lambda folder=agent.init_from: _check_weights(folder))
+    if resume:
+        from hacpo_megatron.checkpoint.megatron_io import resume_candidates
+
+        root = os.path.join(output_dir, "checkpoints")
+        if not (os.path.isdir(root) and resume_candidates(root)):
+            problems.append(f"--resume: {root}: no checkpoint saved yet; start without --resume")
+    return problems
+
+
+def _check_weights(folder: str) -> None:
+    if not os.path.isdir(folder):
+        raise FileNotFoundError(f"{folder}: no such folder")
+    from hacpo_megatron.checkpoint.hf_io import check_hf_weights_complete, read_hf_config
+    from hacpo_megatron.checkpoint.megatron_io import is_agent_checkpoint
+    from hacpo_megatron.models.architectures import read_architecture
+
+    if is_agent_checkpoint(folder):
+        raise ValueError(f"{folder} is a Megatron agent checkpoint; convert it with tools/convert_megatron_to_hf.py, "
+                         "or resume its run with --resume")
+    check_hf_weights_complete(folder, read_architecture(read_hf_config(folder)))
+
+
+def _tokenizer_problems(cfg: Config) -> List[str]:
+    from hacpo_megatron.bridge import load_tokenizer
+
+    problems: List[str] = []
+    for k, agent in enumerate(cfg.agents):
+        _attempt(problems, f"agents.{k} ({agent.name}).tokenizer",
+                 lambda a=agent: load_tokenizer(a.tokenizer or a.init_from or a.model))
+    return problems

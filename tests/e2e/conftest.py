@@ -1,0 +1,17 @@
+"""Fixtures shared by the end-to-end tests: one warm-up cache and one uninterrupted reference run."""
+import pytest
+
+from tests.e2e.test_hacpo_run import run, small_config
+
+
+@pytest.fixture(scope="session")
+def cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("warmup-cache")
+
+
+@pytest.fixture(scope="session")
+def reference_run(tmp_path_factory, cache):
+    """The small default run, 3 steps, a checkpoint after every step, nothing interrupted."""
+    out = tmp_path_factory.mktemp("reference") / "run"
+    run(small_config(out.parent, cache, checkpoint={"save_every": 1}), out)
+    return out

@@ -1,0 +1,78 @@
+"""A run survives what clusters do to it, end to end: preemption by SIGTERM, a reward actor that dies,
+a damaged checkpoint (user mistakes before the run: tests/test_launch.py)."""
+import json
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.test_hacpo_run import comparable, kill_tree, launch, metrics, run, small_config
+
+pytestmark = [pytest.mark.slow, pytest.mark.distributed]
+
+def wait_for(predicate, proc, what, timeout=600):
+    deadline = time.time() + timeout
+    while not predicate():
+        assert proc.poll() is None, f"the run ended before {what}"
+        assert time.time() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+def finished_steps(out: Path) -> int:
+    path = out / "metrics.jsonl"
+    if not path.exists():
+        return 0
+    return max((json.loads(l)["step"] for l in path.read_text().splitlines() if '"train"' in l), default=0)
+
+def test_sigterm_saves_the_finished_step_and_resume_gives_the_same_metrics(reference_run, tmp_path, cache):
+    out = tmp_path / "run"
+    config = small_config(tmp_path, cache, checkpoint={"save_every": 0})  # only the signal makes a checkpoint
+    proc = launch(config, out)
+    try:
+        wait_for(lambda: finished_steps(out) >= 1, proc, "step 1")
+        proc.send_signal(signal.SIGTERM)  # to torchrun, which forwards it to every rank
+        output, _ = proc.communicate(timeout=120)
+    finally:
+        kill_tree(proc.pid)
+    assert proc.returncode != 0, output[-3000:]
+    assert "SIGTERM received: finishing the current step" in output
+    latest = (out / "checkpoints" / "latest").read_text().strip()
+    stopped_after = int(latest.split("_")[1])
+    assert stopped_after < 3 and f"stopped by SIGTERM after step {stopped_after}" in output
+    assert f"checkpoint {out / 'checkpoints' / latest} is complete" in output
+    run(config, out, "--resume")
+    assert comparable(metrics(out)) == comparable(metrics(reference_run))
+
+def test_a_dead_reward_actor_is_restarted_and_the_scoring_redone(reference_run, tmp_path, cache):
+    out = tmp_path / "run"
+    output = run(small_config(tmp_path, cache, checkpoint={"save_every": 1}), out, "--kill-reward-at-step", "1")
+    assert "score on" in output and "waiting for its restart" in output  # the failure really happened
+    assert comparable(metrics(out)) == comparable(metrics(reference_run))  # nothing lost, nothing counted twice
+
+def flip_bytes(path: Path, offset: int, count: int = 4096) -> None:
+    data = bytearray(path.read_bytes())
+    offset = min(offset, max(len(data) - count, 0))
+    for i in range(offset, min(offset + count, len(data))):
+        data[i] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+def test_a_damaged_latest_checkpoint_is_refused_and_the_previous_one_used(reference_run, tmp_path, cache):
+    out = tmp_path / "run"
+    config = small_config(tmp_path, cache, checkpoint={"save_every": 1, "keep_last": 3})
+    run(dict(config, run=dict(config["run"], total_steps=2)), out)  # checkpoints of steps 1 and 2
+    shard = sorted((out / "checkpoints" / "step_00000002" / "qwen3-tiny" / "dist_checkpoint").glob("*.distcp"))[0]
+    flip_bytes(shard, shard.stat().st_size // 2)  # 4 KiB in the middle, as a failing disk would
+    output = run(config, out, "--resume")
+    assert f"step_00000002/qwen3-tiny/dist_checkpoint/{shard.name} is damaged" in output
+    assert "resuming from step_00000001" in output
+    assert comparable(metrics(out)) == comparable(metrics(reference_run))  # steps 2-3 redone from step 1
+
+def test_with_no_intact_checkpoint_resume_stops_with_exit_code_2(tmp_path, cache):
+    out = tmp_path / "run"
+    config = small_config(tmp_path, cache, run={"total_steps": 1})
+    run(config, out)
+    flip_bytes(out / "checkpoints" / "step_00000001" / "trainer_state.pt", 0, 16)
+    proc = launch(config, out, "--resume")
+    output, _ = proc.communicate(timeout=300)
+    assert proc.returncode != 0
+    assert "trainer_state.pt is damaged" in output and "no intact checkpoint to resume from" in output

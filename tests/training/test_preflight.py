@@ -1,0 +1,46 @@
+"""Inputs checked before any work: every problem named (file, line, key) in one InputError."""
+import pytest
+
+from hacpo_megatron.config import load_config
+from hacpo_megatron.training.preflight import InputError, check_inputs
+
+AGENTS = "agents=[{name: a, model: tiny-qwen3, tokenizer: qwen3}, {name: b, model: tiny-llama, tokenizer: llama3.2}]"
+
+
+def config(*overrides):
+    return load_config(None, [AGENTS, "data.train=synthetic:largest", "data.eval=synthetic:largest", *overrides])
+
+
+def test_good_inputs_pass(tmp_path):
+    check_inputs(config(), output_dir=str(tmp_path), resume=False)
+
+
+def test_every_file_problem_is_named_at_once(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"question": "q", "answer": "1"}\n[1, 2]\n')
+    not_utf8 = tmp_path / "latin1.jsonl"
+    not_utf8.write_bytes('{"question": "caf\xe9", "answer": "1"}\n'.encode("latin-1"))
+    cfg = config(f"data.train={bad}", f"data.eval={not_utf8}", "agents.1.init_from=/no/model")
+    with pytest.raises(InputError) as error:
+        check_inputs(cfg, output_dir=str(tmp_path / "run"), resume=True)
+    assert error.value.problems == [
+        f"data.train: {bad}:line 2: expected a JSON object, got list",
+        f"data.eval: {not_utf8}:line 1: not UTF-8 text (byte 0xe9 at column 18)",
+        "agents.1 (b).init_from: /no/model: no such folder",
+        f"--resume: {tmp_path / 'run' / 'checkpoints'}: no checkpoint saved yet; start without --resume",
+    ]
+    assert str(error.value).startswith("4 problems with the run's input:")
+
+
+def test_tokenizers_are_checked_once_the_files_are_fine(tmp_path):
+    with pytest.raises(InputError) as error:
+        check_inputs(config("agents.0.tokenizer=/no/tokenizer"), output_dir=str(tmp_path), resume=False)
+    assert len(error.value.problems) == 1 and error.value.problems[0].startswith(
+        "agents.0 (a).tokenizer: unknown tokenizer '/no/tokenizer'")
+
+
+def test_a_folder_without_weights_is_not_a_model(tmp_path):
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text('{"architectures": ["LlamaForCausalLM"]}')
+    with pytest.raises(InputError, match=r"agents.0 \(a\).init_from: "):
+        check_inputs(config(f"agents.0.init_from={tmp_path / 'm'}"), output_dir=str(tmp_path), resume=False)
