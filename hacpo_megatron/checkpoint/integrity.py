@@ -108,8 +108,8 @@ def choose_resume_checkpoint(step_dirs_newest_first: List[Path]) -> ResumeChoice
 
 def describe(choice: ResumeChoice, root: PathLike) -> Tuple[List[str], Optional[str]]:
     """(warnings to print, the error if nothing can be resumed) for a user."""
-    warnings = [f"checkpoint {d.path.relative_to(root) if _inside(d.path, root) else d.path} is damaged: {d.reason}"
-                for d in choice.damaged]
+    warnings = [f"checkpoint {d.path.relative_to(root) if d.path.is_relative_to(root) else d.path} is damaged: "
+                f"{d.reason}" for d in choice.damaged]
     if choice.step_dir is not None:
         if choice.damaged:
             warnings.append(f"resuming from {choice.step_dir.name}, the newest intact checkpoint")
@@ -118,10 +118,3 @@ def describe(choice: ResumeChoice, root: PathLike) -> Tuple[List[str], Optional[
         return warnings, f"{root}: no checkpoint saved yet; start without --resume"
     return warnings, f"{root}: no intact checkpoint to resume from ({len(choice.damaged)} damaged)"
 
-
-def _inside(path: Path, root: PathLike) -> bool:
-    try:
-        path.relative_to(root)
-        return True
-    except ValueError:
-        return False
