@@ -137,11 +137,18 @@ class RewardActor:
         from hacpo_megatron.rewards import RewardPool, load_reward_function
 
         self.pool = RewardPool(load_reward_function(function), num_workers=num_workers, timeout_s=timeout_s)
+        self._crash_in_next_call = False
+
+    def crash_in_next_call(self) -> None:
+        """Fault injection for tests: the next `score` ends this process mid-call, as a crash would."""
+        self._crash_in_next_call = True
 
     def pid(self) -> int:
         return os.getpid()
 
     def score(self, items: list) -> Tuple[List[float], Dict[str, float]]:
+        if self._crash_in_next_call:
+            os._exit(1)
         return self.pool.score(items)
 
     def close(self) -> None:

@@ -200,7 +200,7 @@ def _hacpo_step(step, cfg, spec, agents: Agents, sampler, tracker, reward_actor,
     payload = [None]
     if rank == 0:
         if options.kill_reward_at_step == step:
-            _kill_actor(reward_actor)
+            ray.get(reward_actor.crash_in_next_call.remote())  # dies inside the scoring call below
         t = time.perf_counter()
         scores, reward_stats = call_with_restarts(reward_actor, "score", reward_items(prompts, rollouts))
         times["time/reward"] = time.perf_counter() - t
