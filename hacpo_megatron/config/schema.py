@@ -74,6 +74,10 @@ class RolloutConfig:
     max_prompt_length: int = 1024  # tokens (chat-rendered, every agent's tokenizer); longer prompts are skipped
     max_response_length: int = 4096  # new tokens; vLLM/SGLang context = max_prompt_length + max_response_length
     gpu_memory_utilization: float = 0.5  # vLLM's gpu_memory_utilization / SGLang's mem_fraction_static
+    # how weights reach the engines after each update (rollout/transport.py): a torch.distributed group of
+    # the engine rank and the engine's processes (gloo on CPU, NCCL on GPU); object_store: bytes through Ray
+    # (the fallback); cuda_ipc: engine on the trainer's GPU (untested: no GPU here)
+    weight_transport: Literal["process_group", "object_store", "cuda_ipc"] = "process_group"
 
 
 @dataclass

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 import time
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
@@ -45,11 +46,19 @@ class EngineActor:
         else:
             from hacpo_megatron.rollout import make_engine
 
-            folder = (engine_kwargs or {}).pop("model_path", None)
+            kwargs = dict(engine_kwargs or {})
+            folder = kwargs.pop("model_path", None)
+            if kind == "vllm":  # starts from the config alone: the trainer pushes the weights before any rollout
+                with tempfile.TemporaryDirectory(prefix="hacpo-engine-") as config_only:
+                    with open(os.path.join(config_only, "config.json"), "w") as f:
+                        json.dump(hf_config, f)
+                    self.engine = make_engine(kind, model_path=config_only, eos_token_ids=sorted(eos_token_ids(tokenizer)),
+                                              tokenizer=tokenizer, seed=seed, load_format="dummy", **kwargs)
+                return
             if folder is None:
                 raise ValueError(f"the {kind} engine needs a Hugging Face folder: set the agent's init_from")
             self.engine = make_engine(kind, model_path=folder, eos_token_ids=sorted(eos_token_ids(tokenizer)),
-                                      pad_token_id=pad_token_id(tokenizer), seed=seed, **(engine_kwargs or {}))
+                                      pad_token_id=pad_token_id(tokenizer), seed=seed, **kwargs)
 
     def pid(self) -> int:
         return os.getpid()
@@ -63,8 +72,24 @@ class EngineActor:
     def update_weights(self, payload: bytes) -> None:
         self.engine.update_weights(_unpack(payload))
 
-    def finish_weight_update(self) -> None:
+    def finish_weight_update(self, buckets_sent: Optional[int] = None) -> None:
+        """`buckets_sent`: how many buckets the trainer broadcast in this update (weight groups only)."""
+        if buckets_sent is not None:
+            self.engine.end_bucket_stream(buckets_sent)
         self.engine.finish_weight_update()
+
+    # weights over a group of their own or CUDA IPC (rollout/transport.py, orchestrator/weight_senders.py)
+    def weight_receivers(self) -> int:
+        return self.engine.weight_receivers()
+
+    def join_weight_group(self, address) -> None:
+        self.engine.join_weight_group(address)
+
+    def receive_bucket(self, header) -> None:
+        self.engine.receive_bucket(header)
+
+    def receive_ipc_bucket(self, header, handle) -> None:
+        self.engine.receive_ipc_bucket(header, handle)
 
     def check_weights(self, payload: bytes, atol: float) -> WeightCheck:
         return self.engine.check_weights(_unpack(payload), atol)
@@ -77,10 +102,14 @@ class EngineActor:
 
 
 class RemoteEngine(RolloutEngine):
-    """An EngineActor seen through the RolloutEngine interface (blocking calls)."""
+    """An EngineActor seen through the RolloutEngine interface (blocking calls). Its weight calls are
+    the `object_store` transport; orchestrator/weight_senders.py has the others."""
 
     def __init__(self, handle: Any):
         self.handle = handle
+
+    def reconnect(self) -> None:
+        """After Ray restarted the actor's process: nothing to remake, every call finds the new one."""
 
     def generate(self, prompts, params):
         return ray.get(self.handle.generate.remote(prompts, params))

