@@ -139,3 +139,27 @@ def test_greedy_decoding_takes_the_argmax_and_ignores_the_seed(tokenizer):
             logits = engine.model(torch.tensor([prompt + tokens])).logits[0]
         argmax = logits[len(prompt) - 1: len(prompt) - 1 + len(tokens)].argmax(-1).tolist()
         assert tokens == argmax
+
+
+@pytest.mark.parametrize("block", [1024, 2, 4])  # one block; three; two with the last one padded
+def test_draw_samples_each_token_with_its_probability_and_never_an_impossible_one(block):
+    from hacpo_megatron.rollout.embedded import draw
+
+    torch.manual_seed(0)
+    probs = torch.tensor([0.0, 0.1, 0.0, 0.2, 0.7, 0.0])
+    rows = 200_000
+    counts = torch.bincount(draw(probs.repeat(rows, 1), block=block), minlength=6).double() / rows
+    assert counts[[0, 2, 5]].sum() == 0  # zero-probability tokens, first and last included
+    assert torch.allclose(counts, probs.double(), atol=0.005)  # 0.005 is > 4 standard errors at 200k draws
+    unnormalised = draw((probs * 3).repeat(rows, 1), block=block)  # `draw` needs no normalisation
+    assert torch.allclose(torch.bincount(unnormalised, minlength=6).double() / rows, probs.double(), atol=0.005)
+
+
+def test_nucleus_keeps_the_likeliest_tokens_up_to_top_p():
+    from hacpo_megatron.rollout.embedded import nucleus
+
+    probs = torch.tensor([[0.05, 0.5, 0.15, 0.3], [0.97, 0.01, 0.01, 0.01]])
+    assert torch.equal(nucleus(probs, 1.0), probs)
+    # row 0: 0.5 + 0.3 reaches 0.8, so 0.15 and 0.05 go; row 1: the top token alone exceeds 0.8
+    assert torch.equal(nucleus(probs, 0.8), torch.tensor([[0.0, 0.5, 0.0, 0.3], [0.97, 0.0, 0.0, 0.0]]))
+    assert torch.equal(nucleus(probs, 0.81), torch.tensor([[0.0, 0.5, 0.15, 0.3], [0.97, 0.0, 0.0, 0.0]]))
