@@ -8,8 +8,9 @@
 
 Engines: each agent's rollout engine runs on the node of its engine rank (weight_sync.engine_rank:
 TP 0, DP 0, last pipeline stage). That rank sends the agent's whole weights to the engine after every
-step, the largest transfer of a step; on one node Ray hands them over through the node's shared-memory
-object store instead of the network. The affinity is hard: a restarted engine comes back on the same
+step, the largest transfer of a step; on one node that transfer stays inside the node (the weight
+group's gloo/NCCL connections, or Ray's shared-memory object store with `rollout.weight_transport:
+object_store`) instead of crossing the network. The affinity is hard: a restarted engine comes back on the same
 node (its rank's node), and if that node is gone the run cannot go on anyway (its ranks are gone too).
 
 Reward workers: placed by Ray's default policy (no config key): in practice the node of rank 0, the
