@@ -51,8 +51,9 @@ def make_engine(
     """
     if kind not in ENGINE_KINDS:
         raise ValueError(f"unknown rollout engine {kind!r}; choose one of {', '.join(ENGINE_KINDS)}")
-    if kind in INSTALL_HINTS and importlib.util.find_spec(kind) is None:
-        raise ImportError(INSTALL_HINTS[kind])
+    hint = install_hint(kind)
+    if hint:
+        raise ImportError(hint)
     if kind == "embedded":
         return _embedded_engine(model_path, eos_token_ids, pad_token_id, tokenizer, seed, **engine_kwargs)
     if kind == "vllm":
@@ -62,6 +63,13 @@ def make_engine(
     from hacpo_megatron.rollout.sglang_engine import SGLangEngine
 
     return SGLangEngine(model_path, eos_token_ids=eos_token_ids, seed=seed, **engine_kwargs)
+
+
+def install_hint(kind: str) -> Optional[str]:
+    """What to install for an engine of `kind`, or None when nothing is missing."""
+    if kind in INSTALL_HINTS and importlib.util.find_spec(kind) is None:
+        return INSTALL_HINTS[kind]
+    return None
 
 
 def engine_options(kind: str, *, model_path: Optional[str], rollout: Any) -> Optional[Dict[str, Any]]:
@@ -104,5 +112,5 @@ def _has_weights(model_path: str) -> bool:
 
 __all__ = [
     "ENGINE_KINDS", "DEFAULT_BUCKET_BYTES", "Completion", "RolloutEngine", "SamplingParams", "WeightCheck",
-    "engine_options", "make_engine", "push_weights", "weight_buckets",
+    "engine_options", "install_hint", "make_engine", "push_weights", "weight_buckets",
 ]

@@ -136,9 +136,9 @@ class RolloutEngine(abc.ABC):
 
     def receive_ipc_bucket(self, header: Any, handle: Any) -> None:
         """Take a bucket shared through a CUDA IPC handle: copy it before returning. UNTESTED (no GPU)."""
-        from hacpo_megatron.rollout.transport import open_ipc_bucket, unpack_bucket
+        from hacpo_megatron.rollout.transport import copy_ipc_bucket
 
-        self.update_weights([(name, t.clone()) for name, t in unpack_bucket(header, open_ipc_bucket(handle))])
+        self.update_weights(copy_ipc_bucket(header, handle))
 
     def end_bucket_stream(self, buckets_sent: int) -> None:
         """The sender's count of this update's buckets: raises if any was lost on the way."""

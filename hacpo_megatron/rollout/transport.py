@@ -187,11 +187,12 @@ class BucketReceiver:
             raise WeightTransportError(f"the trainer sent {buckets_sent} weight buckets, {arrived} arrived")
 
 
-def open_ipc_bucket(handle: Tuple[Any, tuple]) -> torch.Tensor:
-    """The receiver's view of a bucket sent through a CUDA IPC handle (`reduce_tensor` of the
-    trainer's flat bucket; orchestrator/weight_senders.CudaIpcSender). UNTESTED: no GPU here."""
+def copy_ipc_bucket(header: BucketHeader, handle: Tuple[Any, tuple]) -> List[Tuple[str, torch.Tensor]]:
+    """The tensors of a bucket sent through a CUDA IPC handle (`reduce_tensor` of the trainer's flat
+    bucket; orchestrator/weight_senders.CudaIpcSender), copied: the trainer's memory is only lent
+    until the call returns. UNTESTED: no GPU here."""
     rebuild, args = handle
-    return rebuild(*args)
+    return [(name, tensor.clone()) for name, tensor in unpack_bucket(header, rebuild(*args))]
 
 
 def _numel(shape: Sequence[int]) -> int:

@@ -201,10 +201,9 @@ class WeightSyncExtension:
         self._take(self._hacpo_receiver.receive(BucketHeader(**header)))
 
     def hacpo_receive_ipc_bucket(self, header: dict, handle) -> None:
-        from hacpo_megatron.rollout.transport import BucketHeader, open_ipc_bucket, unpack_bucket
+        from hacpo_megatron.rollout.transport import BucketHeader, copy_ipc_bucket
 
-        named = unpack_bucket(BucketHeader(**header), open_ipc_bucket(handle))
-        self._take([(name, t.clone()) for name, t in named])
+        self._take(copy_ipc_bucket(BucketHeader(**header), handle))
 
     def hacpo_end_bucket_stream(self, buckets_sent: int) -> None:
         self._hacpo_receiver.finish(buckets_sent)

@@ -34,15 +34,12 @@ from hacpo_megatron.config import Config, dump_config
 from hacpo_megatron.data import PromptSampler, load_prompts
 from hacpo_megatron.models.build import AgentModel
 from hacpo_megatron.models.presets import load_hf_config_dict
-from hacpo_megatron.orchestrator.actors import (
-    ACTOR_OPTIONS, EngineActor, RewardActor, call_with_restarts, engine_actor_name, wait_until_alive,
-)
-from hacpo_megatron.orchestrator.weight_senders import make_sender
+from hacpo_megatron.orchestrator.actors import call_with_restarts, wait_until_alive
 from hacpo_megatron.orchestrator.preemption import Preempted, PreemptionGuard
 from hacpo_megatron.orchestrator.ray_runtime import RayRuntime
+from hacpo_megatron.orchestrator.startup import start_actors
 from hacpo_megatron.parallel.groups import AgentParallel, create_agent_groups, init_distributed
 from hacpo_megatron.parallel.layout import required_world_size
-from hacpo_megatron.rollout import engine_options
 from hacpo_megatron.rollout.base import SamplingParams
 from hacpo_megatron.rollout.weight_sync import engine_rank, sync_weights
 from hacpo_megatron.training import checkpointing
@@ -114,9 +111,8 @@ def run_hacpo(cfg: Config, options: RunOptions, model_provider: ModelProvider) -
 
     checkpointing.save_tokenizers(options.output_dir, agents)
     runtime = RayRuntime.connect(options.ray_address)
-    reward_actor = _start_actors(cfg, agents, rank, options.output_dir)
-    agents.senders = {k: make_sender(cfg.rollout.weight_transport, agents.engines[k])
-                      for k, parallel in enumerate(agents.parallel) if parallel.is_member and rank == engine_rank(parallel)}
+    agents.engines, agents.senders, reward_actor = start_actors(
+        cfg, agents.parallel, agents.hf_configs, [_tokenizer_name(a) for a in cfg.agents], rank, options.output_dir)
     train_set, eval_set = _load_data(cfg, agents, options)
     sampler = PromptSampler(train_set, B, seed=cfg.run.seed, shuffle=cfg.data.shuffle)
     tracker = CapabilityTracker(n, cfg.algorithm.capability_window, reward_range=_reward_range(cfg))
@@ -397,39 +393,6 @@ def _evaluate(cfg: Config, agents: Agents, eval_set, reward_actor) -> Dict[str, 
 
 
 # ---------------------------------------------------------------------------------------- set-up
-def _start_actors(cfg: Config, agents: Agents, rank: int, output_dir: str):
-    """Rank 0 creates the engine actors (named), each on the Ray node of its agent's engine rank, and
-    the reward actor (Ray's default placement); engine ranks look theirs up. Every rank then watches
-    the job's nodes (orchestrator/placement.py); run_info.json records where each engine runs."""
-    from hacpo_megatron.orchestrator import placement
-    from hacpo_megatron.training.reporting import update_run_info
-
-    rank_nodes = placement.gather_rank_nodes()  # collective: rank 0 learns every engine rank's node
-    engine_nodes = placement.engine_nodes(agents.parallel, rank_nodes)
-    reward_actor = None
-    if rank == 0:
-        for k, agent_cfg in enumerate(cfg.agents):
-            options = dict(ACTOR_OPTIONS, name=engine_actor_name(cfg.run.name, agent_cfg.name), lifetime=None,
-                           **placement.pinned_to(engine_nodes[k]))
-            kwargs = engine_options(agent_cfg.engine, model_path=agent_cfg.init_from, rollout=cfg.rollout)
-            agents.engines[k] = EngineActor.options(**options).remote(
-                agent_cfg.engine, agents.hf_configs[k], _tokenizer_name(agent_cfg), cfg.run.seed + k, kwargs)
-        ray.get([handle.pid.remote() for handle in agents.engines.values()])  # constructed and alive
-        reward_actor = RewardActor.options(**ACTOR_OPTIONS).remote(
-            cfg.reward.function, cfg.reward.num_workers, cfg.reward.timeout_s)
-        ray.get(reward_actor.pid.remote())
-        where = {name: placement.actor_node(agents.engines[k]) for k, name in enumerate(agents.names)}
-        update_run_info(output_dir, {"engines": {name: vars(node) for name, node in where.items()},
-                                     "reward": vars(placement.actor_node(reward_actor)),
-                                     "ranks": [vars(node) for node in rank_nodes]})
-    placement.NodeWatch(rank_nodes, dict(zip(agents.names, engine_nodes)), rank).start()
-    dist.barrier()
-    for k, parallel in enumerate(agents.parallel):
-        if parallel.is_member and rank == engine_rank(parallel) and k not in agents.engines:
-            agents.engines[k] = ray.get_actor(engine_actor_name(cfg.run.name, cfg.agents[k].name))
-    return reward_actor
-
-
 def _load_data(cfg: Config, agents: Agents, options: RunOptions):
     """Training and held-out prompts; those longer than rollout.max_prompt_length for any agent are left
     out and counted (the log, run_info.json and the summary say how many)."""

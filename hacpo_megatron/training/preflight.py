@@ -66,12 +66,11 @@ def _file_problems(cfg: Config, output_dir: str, resume: bool) -> List[str]:
 
 
 def _check_engine_installed(kind: str) -> None:
-    import importlib.util
+    from hacpo_megatron.rollout import install_hint
 
-    from hacpo_megatron.rollout import INSTALL_HINTS
-
-    if importlib.util.find_spec(kind) is None:
-        raise ValueError(INSTALL_HINTS[kind])
+    hint = install_hint(kind)
+    if hint:
+        raise ValueError(hint)
 
 
 def _check_weights(folder: str) -> None:
