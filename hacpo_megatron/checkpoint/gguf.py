@@ -42,6 +42,7 @@ import importlib.util
 import json
 import os
 import shutil
+import sys
 from pathlib import Path
 from typing import Any, Dict, Iterator, Optional, Union
 
@@ -329,6 +330,11 @@ def _is_current(folder: Path, gguf_path: Path, *, needs_weights: bool) -> bool:
     return True
 
 
+def names_gguf_model(value: str) -> bool:
+    """Whether a config's model/init_from value means a GGUF model: a known name or a .gguf path."""
+    return value in KNOWN_GGUF_MODELS or (value.endswith(".gguf") and not os.path.isdir(value))
+
+
 def resolve_model_source(name_or_path: PathLike, cache_dir: Optional[PathLike] = None) -> Path:
     """A Hugging Face folder for `name_or_path`, for a config's `init_from`.
 
@@ -351,6 +357,7 @@ def resolve_model_source(name_or_path: PathLike, cache_dir: Optional[PathLike] =
         check_gguf_dependencies()
         if target.exists():
             shutil.rmtree(target)  # ours: a stale or damaged conversion
+        print(f"converting {os.fspath(name_or_path)} into {target} (once; about 30 s)", file=sys.stderr, flush=True)
         convert_gguf_to_hf(name_or_path, target)
     return target
 

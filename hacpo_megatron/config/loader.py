@@ -342,7 +342,7 @@ def _validate_agent(agent: AgentConfig, path: Path, where: _Where, errors: List[
     if agent.lr is not None:
         _check(agent.lr > 0, errors, where, path + ("lr",), f"must be > 0, got {agent.lr}")
     if not agent.model:
-        errors.append(f"{where(path + ('model',))}: required (a preset name or a Hugging Face folder)")
+        errors.append(f"{where(path + ('model',))}: required (a preset name or a Hugging Face folder), or an init_from")
         return
     try:
         shape = shape_of(load_arch(agent.model))
@@ -359,6 +359,24 @@ def _validate_agent(agent: AgentConfig, path: Path, where: _Where, errors: List[
                f"PP={p.pipeline} must divide the {layers} layers of {agent.model}")
 
 
+def _resolve_model_names(cfg: Config, where: _Where, errors: List[str]) -> None:
+    """A known GGUF model name (e.g. "smollm2-135m-instruct") or a .gguf file as an agent's `model` or
+    `init_from` becomes its Hugging Face folder, converted once and cached (checkpoint/gguf.py). A `model`
+    left out is the `init_from` folder's architecture."""
+    from hacpo_megatron.checkpoint.gguf import names_gguf_model, resolve_model_source
+
+    for i, agent in enumerate(cfg.agents):
+        for key in ("model", "init_from"):
+            value = getattr(agent, key)
+            if value and names_gguf_model(value):
+                try:
+                    setattr(agent, key, str(resolve_model_source(value)))
+                except (ValueError, OSError) as exc:
+                    errors.append(f"{where(('agents', i, key))}: {exc}")
+        if not agent.model and agent.init_from:
+            agent.model = agent.init_from
+
+
 # ----------------------------------------------------------------------------- entry points
 def load_config(path: Optional[str], overrides: Sequence[str] = ()) -> Config:
     """Read, override and validate a config. Raises ConfigError listing every problem."""
@@ -372,6 +390,8 @@ def load_config(path: Optional[str], overrides: Sequence[str] = ()) -> Config:
     where = _Where(source, lines, overridden)
     errors: List[str] = []
     cfg = _build(Config, data, (), where, errors)
+    if not errors:
+        _resolve_model_names(cfg, where, errors)
     if not errors:
         _validate(cfg, where, errors)
     if errors:

@@ -34,9 +34,11 @@ class ParallelConfig:
 @dataclass
 class AgentConfig:
     name: str = ""
-    model: str = ""  # built-in preset name (hacpo_megatron/models/presets.py) or a folder with config.json
+    # built-in preset name (hacpo_megatron/models/presets.py), a folder with config.json, or a known GGUF model
+    # name ("smollm2-135m-instruct", converted once into .cache/models); empty: init_from's architecture
+    model: str = ""
     tokenizer: Optional[str] = None  # qwen3 | llama3.2 | gpt2 | a folder; None: the model/init_from folder
-    init_from: Optional[str] = None  # Hugging Face folder or Megatron checkpoint; None: random init
+    init_from: Optional[str] = None  # Hugging Face folder or known GGUF model name; None: random init
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     engine: Literal["embedded", "vllm", "sglang"] = "embedded"
     lr: Optional[float] = None  # overrides train.lr for this agent

@@ -75,6 +75,43 @@ def _linear_equation(rng: random.Random, max_operand: int = 10) -> Problem:
     return f"Solve for x: {a}x {sign} {abs(b)} = {a * x + b}", x
 
 
+NAMES = ("Anna", "Ben", "Carla", "David", "Emma", "Farid", "Grace", "Hugo", "Ines", "Jamal", "Kira", "Liam")
+ITEMS = ("apples", "pencils", "stickers", "marbles", "cookies", "books", "stamps", "shells")
+
+
+def _word_problem(rng: random.Random, max_operand: int = 12, steps: int = 2) -> Problem:
+    """A word problem of one or two arithmetic steps (`steps`); every value along the way is >= 0."""
+    name, friend = rng.sample(NAMES, 2)
+    item = rng.choice(ITEMS)
+    a, b, c = (rng.randint(2, max_operand) for _ in range(3))
+    if steps == 1:
+        form = rng.randrange(3)
+        if form == 0:
+            return f"{name} has {a} {item} and gets {b} more. How many {item} does {name} have now?", a + b
+        if form == 1:
+            total = a + b
+            return f"{name} has {total} {item} and gives {b} of them to {friend}. How many {item} does {name} have left?", a
+        return f"{name} buys {a} bags of {item} with {b} {item} in each bag. How many {item} does {name} have?", a * b
+    form = rng.randrange(5)
+    if form == 0:
+        c = rng.randint(1, a + b)
+        return (f"{name} has {a} {item}. {name} gets {b} more {item} and then gives {c} {item} to {friend}. "
+                f"How many {item} does {name} have now?", a + b - c)
+    if form == 1:
+        c = rng.randint(1, a * b)
+        return (f"{name} buys {a} bags of {item} with {b} {item} in each bag, and then gives away {c} {item}. "
+                f"How many {item} does {name} have left?", a * b - c)
+    if form == 2:
+        return (f"A box holds {a} {item}. {name} fills {b} boxes and has {c} {item} more that do not fit. "
+                f"How many {item} does {name} have in all?", a * b + c)
+    if form == 3:
+        total = a + b + c + rng.randint(0, max_operand)
+        return (f"{name} had {total} dollars, spent {a} dollars on a book and {b} dollars on lunch. "
+                f"How many dollars does {name} have left?", total - a - b)
+    return (f"{name} reads {a} pages a day for {b} days and then {c} pages on the last day. "
+            f"How many pages did {name} read in all?", a * b + c)
+
+
 @dataclass(frozen=True)
 class SyntheticTask:
     name: str
@@ -90,6 +127,7 @@ TASKS: Dict[str, Callable[..., Problem]] = {
     "arithmetic_mixed": _arithmetic_mixed,
     "linear_equation": _linear_equation,
     "largest": _largest,
+    "word_problem": _word_problem,
 }
 
 

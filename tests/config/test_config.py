@@ -224,3 +224,27 @@ def test_base_file_errors_name_the_file_that_wrote_the_key(tmp_path):
         load_config(write(tmp_path, "base: loop_a.yaml\n", "loop_b.yaml"))
     with pytest.raises(ConfigError, match="base: must be a file name"):
         load_config(write(tmp_path, "base: [a, b]\n", "bad.yaml"))
+
+
+def test_a_known_gguf_model_name_becomes_its_converted_folder(tmp_path, monkeypatch):
+    """`init_from: smollm2-135m-instruct` (no `model`): both become the folder the GGUF cache gives."""
+    from hacpo_megatron.checkpoint import gguf
+    from hacpo_megatron.models.presets import PRESETS
+
+    folder = tmp_path / "converted"
+    folder.mkdir()
+    (folder / "config.json").write_text(__import__("json").dumps(PRESETS["tiny-llama"]))
+    asked = []
+    monkeypatch.setattr(gguf, "resolve_model_source", lambda name: asked.append(name) or folder)
+    text = GOOD.replace("    model: tiny-llama", "    init_from: smollm2-135m-instruct")
+    cfg = load_config(write(tmp_path, text))
+    assert asked == ["smollm2-135m-instruct"]
+    assert cfg.agents[1].init_from == cfg.agents[1].model == str(folder)
+    assert cfg.agents[0].model == "tiny-qwen3"  # preset names are left alone
+
+
+def test_a_missing_gguf_file_names_the_file_line_and_key(tmp_path):
+    path = write(tmp_path, GOOD.replace("    model: tiny-llama", "    init_from: /nowhere/model.Q4.gguf"))
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert f"{path}:7: agents.1.init_from: /nowhere/model.Q4.gguf: no such GGUF file" in str(err.value)

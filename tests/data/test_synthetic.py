@@ -7,7 +7,8 @@ from hacpo_megatron.data.synthetic import TASKS, load_synthetic, parse_task_spec
 from hacpo_megatron.rewards.math_verify import compute_score
 
 SPECS = ["synthetic:arithmetic", "synthetic:arithmetic_mixed", "synthetic:linear_equation",
-         "synthetic:arithmetic?max_operand=5&num_operands=3", "synthetic:largest"]
+         "synthetic:arithmetic?max_operand=5&num_operands=3", "synthetic:largest",
+         "synthetic:word_problem?steps=1", "synthetic:word_problem"]
 
 
 def fingerprint(records):
@@ -87,3 +88,30 @@ def test_unknown_split():
 
 def test_all_tasks_listed_in_specs():
     assert {spec.removeprefix("synthetic:").partition("?")[0] for spec in SPECS} == set(TASKS)
+
+
+def word_problem_answer(question: str) -> int:
+    """An independent reading of a word problem: its numbers in order, the operation from its wording."""
+    import re
+
+    a, b, *rest = map(int, re.findall(r"\d+", question))
+    if "bags of" in question:
+        return a * b - (rest[0] if rest else 0)
+    if "box holds" in question or "pages a day" in question:
+        return a * b + rest[0]
+    if "dollars" in question:
+        return a - b - rest[0]
+    if "gives" in question and "more" not in question:
+        return a - b
+    return a + b - (rest[0] if rest else 0)
+
+
+@pytest.mark.parametrize("spec", ["synthetic:word_problem?steps=1", "synthetic:word_problem"])
+def test_word_problems_answer_what_they_ask(spec):
+    records = load_prompts(spec, "train")[:1000] + load_prompts(spec, "eval")
+    for record in records:
+        assert int(record.ground_truth) == word_problem_answer(record.question) >= 0, record.question
+    steps = 1 if "steps=1" in spec else 2
+    forms = {"bags of", "box holds", "pages a day", "dollars", "gives", "more"} if steps == 2 else {"bags of", "gives", "more"}
+    assert all(any(f in r.question for r in records) for f in forms)  # every form occurs
+    assert len(load_prompts(spec, "eval")) == 256  # a held-out split of >= 100 problems, fixed
