@@ -19,6 +19,7 @@ import signal
 import sys
 from typing import Any, Dict
 
+import torch
 import torch.distributed as dist
 
 from hacpo_megatron.checkpoint.hf_mapping import load_hf_state_dict_into_model
@@ -32,11 +33,16 @@ from hacpo_megatron.training.preflight import INPUT_ERROR_EXIT_CODE, InputError
 
 
 
+# train.params_dtype -> the model's parameter dtype (None: bf16 on GPU, fp32 on CPU). With bf16 the optimizer
+# keeps fp32 main weights (megatron's mixed precision), on CPU as on GPU.
+PARAMS_DTYPES = {"auto": None, "fp32": torch.float32, "bf16": torch.bfloat16}
+
+
 def model_provider(cfg: Config):
     """Returns the function that builds an agent's model on this rank and gives it initial weights."""
 
     def provide(agent_cfg: AgentConfig, parallel: AgentParallel, hf_config: Dict[str, Any], seed: int) -> AgentModel:
-        agent = build_agent_model(hf_config, parallel, seed=seed)
+        agent = build_agent_model(hf_config, parallel, seed=seed, params_dtype=PARAMS_DTYPES[cfg.train.params_dtype])
         state = initial_weights(cfg, agent_cfg, parallel, hf_config, seed)
         if state is not None:
             load_hf_state_dict_into_model(agent.model, state, hf_config, parallel)

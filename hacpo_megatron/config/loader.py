@@ -296,6 +296,7 @@ def _validate(cfg: Config, where: _Where, errors: List[str]) -> None:
                f"{a.name} learner trains on per step ({sources} source(s) x data.prompt_batch_size="
                f"{d.prompt_batch_size} x {spec.samples_multiplier}); got {t.mini_batch_size}")
     _check(t.micro_batch_size >= 1, errors, where, ("train", "micro_batch_size"), "must be >= 1")
+    _check(t.cpu_threads is None or t.cpu_threads >= 1, errors, where, ("train", "cpu_threads"), "must be >= 1 or null")
     _check(t.lr > 0, errors, where, ("train", "lr"), f"must be > 0, got {t.lr}")
     _check(0 <= t.min_lr <= t.lr, errors, where, ("train", "min_lr"), "must be in [0, lr]")
     _check(t.sft_warmup_batch_size >= 1 and t.sft_warmup_lr > 0, errors, where, ("train", "sft_warmup_lr"),

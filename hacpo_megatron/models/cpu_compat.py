@@ -20,6 +20,9 @@ optimizer, grad clipping, dist_checkpointing    `torch.cuda` stream/sync calls a
 `weight.data.cuda()` when tied embeddings are   `Tensor.cuda()` is the identity while that one
 synchronised across pipeline stages             method runs
 grad clipping asserts `torch.cuda.FloatTensor`  a CPU version of `clip_grad_by_total_norm_fp32`
+bf16 training: the mixed-precision optimizer   while its constructor runs, `Tensor.type()` names a
+sorts parameters by `param.type()`, CUDA names  CPU float tensor by its CUDA name
+only (`torch.cuda.BFloat16Tensor`)
 ==============================================  =================================================
 
 Every change is scoped to the megatron modules named here (except `current_device`, which megatron
@@ -87,6 +90,7 @@ def apply() -> None:
     _cpu_torch_in_modules_with_literal_cuda()
     _tied_embedding_sync_stays_on_cpu()
     _cpu_grad_clipping()
+    _mixed_precision_optimizer_takes_cpu_params()
 
 
 def import_megatron() -> types.ModuleType:
@@ -313,3 +317,43 @@ def _cpu_grad_clipping() -> None:
     clip_grads.clip_grad_by_total_norm_fp32 = clip_grad_by_total_norm_fp32
     optimizer.clip_grad_by_total_norm_fp32 = clip_grad_by_total_norm_fp32
     _PATCHES.append("clip-grad-by-total-norm->cpu")
+
+
+# --------------------------------------------------------------------------------------------
+# 7. bf16 training (train.params_dtype: bf16): Float16OptimizerWithFloat16Params keeps an fp32 main
+#    copy of every bf16 parameter, and sorts the parameters by `param.type()` against the CUDA type
+#    names only, refusing anything else. While its constructor runs, a CPU float tensor's `type()`
+#    answers with the CUDA name of the same dtype; everything after (main-param copies, Adam on the
+#    fp32 copies, copying back to bf16) is plain torch and runs on CPU as it is.
+# --------------------------------------------------------------------------------------------
+_CUDA_TYPE_NAMES = {"torch.FloatTensor": "torch.cuda.FloatTensor", "torch.HalfTensor": "torch.cuda.HalfTensor",
+                    "torch.BFloat16Tensor": "torch.cuda.BFloat16Tensor"}
+
+
+@contextlib.contextmanager
+def _cpu_float_types_named_as_cuda() -> Iterator[None]:
+    original = torch.Tensor.type
+
+    def type_(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        name = original(self, *args, **kwargs)
+        return _CUDA_TYPE_NAMES.get(name, name) if not args and not kwargs else name
+
+    torch.Tensor.type = type_  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        torch.Tensor.type = original  # type: ignore[assignment]
+
+
+def _mixed_precision_optimizer_takes_cpu_params() -> None:
+    from megatron.core.optimizer.optimizer import Float16OptimizerWithFloat16Params
+
+    original = Float16OptimizerWithFloat16Params.__init__
+
+    @functools.wraps(original)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        with _cpu_float_types_named_as_cuda():
+            original(self, *args, **kwargs)
+
+    Float16OptimizerWithFloat16Params.__init__ = __init__
+    _PATCHES.append("mixed-precision-optimizer->cpu-params")

@@ -88,6 +88,8 @@ def run_hacpo(cfg: Config, options: RunOptions, model_provider: ModelProvider) -
     check_inputs(cfg, output_dir=options.output_dir, resume=options.resume)  # InputError before any work
     init_distributed()
     rank, world = dist.get_rank(), dist.get_world_size()
+    if cfg.train.cpu_threads and not torch.cuda.is_available():
+        torch.set_num_threads(cfg.train.cpu_threads)
     needed = required_world_size(cfg.agents)
     if world != needed:
         raise SystemExit(f"the config's agents need {needed} processes (torchrun --nproc_per_node={needed}), got {world}")

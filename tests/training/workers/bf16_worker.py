@@ -1,0 +1,76 @@
+"""Mixed precision on CPU (train.params_dtype: bf16), in a world of one rank.
+
+usage: torchrun --nproc_per_node 1 bf16_worker.py OUT.json
+
+The same HF weights (tiny Qwen3 shape) built at fp32 and at bf16; the same three GSPO updates on the same
+rows. Writes, for the test to judge: log-prob gaps bf16 vs fp32 before training, the parameter and
+optimizer dtypes, whether every bf16 parameter equals its fp32 main weight rounded to bf16 after the
+updates, and both loss trajectories.
+"""
+from __future__ import annotations
+
+import json
+import sys
+
+import torch
+
+from hacpo_megatron.algorithms.registry import algorithm_spec
+from hacpo_megatron.checkpoint.hf_mapping import load_hf_state_dict_into_model
+from hacpo_megatron.config.schema import AgentConfig, AlgorithmConfig, ParallelConfig
+from hacpo_megatron.models.build import build_agent_model
+from hacpo_megatron.parallel.groups import create_agent_groups, init_distributed
+from hacpo_megatron.training.batch import SequenceRow
+from hacpo_megatron.training.trainer import AgentTrainer, TrainHyperparams
+from tests.models.workers.reference import TEST_CONFIGS, hf_model
+
+UPDATES = 3
+
+
+def rows_for(trainer, sequences, advantages):
+    lp = trainer.sequence_logprobs(sequences)
+    return [SequenceRow(prompt_ids=p, response_ids=r, advantage=a, old_seq_logp=float(lp.sums[i] / lp.lengths[i]),
+                        is_cross=False, source=0, prompt_index=i // 4, sample_index=i % 4)
+            for i, ((p, r), a) in enumerate(zip(sequences, advantages))]
+
+
+def main(out_path: str) -> None:
+    init_distributed()
+    hf_config = TEST_CONFIGS["qwen3"]
+    [parallel] = create_agent_groups([AgentConfig(name="a", model="x", parallel=ParallelConfig(first_rank=0))])
+    weights = {k: v.detach().clone() for k, v in hf_model("qwen3").state_dict().items()}
+    g = torch.Generator().manual_seed(0)
+    vocab = hf_config["vocab_size"]
+    sequences = [(torch.randint(2, vocab, (6,), generator=g).tolist(), torch.randint(2, vocab, (10,), generator=g).tolist())
+                 for _ in range(8)]
+    advantages = [1.0, -1.0] * 4
+    report = {}
+    for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+        agent = build_agent_model(hf_config, parallel, seed=1, params_dtype=dtype)
+        load_hf_state_dict_into_model(agent.model, weights, hf_config, parallel)
+        # Every update is on-policy (old log-probs taken just before it, same dtype): ratio 1, no clipping.
+        trainer = AgentTrainer(agent, algorithm_spec(AlgorithmConfig(name="gspo")),
+                               TrainHyperparams(lr=1e-3, micro_batch_size=3, total_steps=UPDATES))
+        token_logp = trainer.sequence_logprobs(sequences).token_logprobs
+        losses = []
+        for _ in range(UPDATES):
+            lp = trainer.sequence_logprobs(sequences)
+            objective = sum(a * float(lp.sums[i] / lp.lengths[i]) for i, a in enumerate(advantages)) / len(advantages)
+            losses.append(-objective)
+            rows = rows_for(trainer, sequences, advantages)
+            trainer.train_step([rows])
+        params = [p for p in trainer.ddp_model.module.parameters()]
+        main_params = [getattr(p, "main_param", p) for p in params]
+        report[name] = {
+            "token_logp": token_logp.tolist(), "surrogate": losses,
+            "param_dtypes": sorted({str(p.dtype) for p in params}),
+            "main_param_dtypes": sorted({str(m.dtype) for m in main_params}),
+            "params_are_rounded_main": all(torch.equal(p.data, m.data.to(p.dtype)) for p, m in zip(params, main_params)),
+            # fp32 main weights hold updates smaller than a bf16 step: some differ from their bf16 copy
+            "main_holds_more_than_bf16": any(not torch.equal(m.data, p.data.float()) for p, m in zip(params, main_params)),
+        }
+    with open(out_path, "w") as f:
+        json.dump(report, f)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
