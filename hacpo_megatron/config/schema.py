@@ -80,6 +80,11 @@ class RolloutConfig:
     # the engine rank and the engine's processes (gloo on CPU, NCCL on GPU); object_store: bytes through Ray
     # (the fallback); cuda_ipc: engine on the trainer's GPU (untested: no GPU here)
     weight_transport: Literal["process_group", "object_store", "cuda_ipc"] = "process_group"
+    # where the old (behaviour-policy) log-probs of an agent's own responses come from: "trainer" recomputes
+    # them with the trainer's weights every step (an extra forward pass); "engine" takes the engine's own,
+    # after the trainer's pass on the run's first step found them within a tenth of the clip range
+    # (training/step_data.py: check_engine_logprobs), saving that pass on every later step
+    old_logprobs: Literal["trainer", "engine"] = "trainer"
 
 
 @dataclass

@@ -46,8 +46,8 @@ from hacpo_megatron.training import checkpointing
 from hacpo_megatron.training.batch import UpdateSchedule, mini_batches
 from hacpo_megatron.training.preflight import check_inputs
 from hacpo_megatron.training.step_data import (
-    OldLogProbs, drop_overlong_prompts, learner_rows, own_sequences, render_prompts, reward_items, rewards_tensor,
-    rollout_stats, with_learner_old_logprobs,
+    OldLogProbs, check_engine_logprobs, drop_overlong_prompts, engine_old_logprobs, learner_rows, own_sequences,
+    render_prompts, reward_items, rewards_tensor, rollout_stats, with_learner_old_logprobs,
 )
 from hacpo_megatron.training.trainer import AgentTrainer, TrainHyperparams
 
@@ -78,6 +78,7 @@ class Agents:
     references: Dict[int, AgentModel] = field(default_factory=dict)
     engines: Dict[int, Any] = field(default_factory=dict)  # EngineActor handles (rank 0 and engine ranks)
     senders: Dict[int, Any] = field(default_factory=dict)  # weight transport to k's engine (k's engine rank)
+    engine_logprobs_checked: bool = False  # rollout.old_logprobs=engine: the trainer's pass has vouched for them
 
     @property
     def names(self) -> List[str]:
@@ -216,9 +217,18 @@ def _hacpo_step(step, cfg, spec, agents: Agents, sampler, tracker, reward_actor,
     advantages = step_advantages(rewards, capabilities, spec, omega_clamp=_omega_clamp(cfg),
                                  eps=cfg.algorithm.advantage_eps, reward_range=_reward_range(cfg))
 
-    # 5. old log-probs of own responses, shared with every rank
+    # 5. old log-probs of own responses, shared with every rank: the trainer's pass, or the engine's own
+    #    (rollout.old_logprobs: engine) once that pass has found them close enough on the run's first step
     t = time.perf_counter()
-    old = _old_logprobs(agents, prompt_ids, rollouts)
+    if cfg.rollout.old_logprobs == "engine" and agents.engine_logprobs_checked:
+        old, gaps = [engine_old_logprobs(r) for r in rollouts], {}
+    else:
+        old = _old_logprobs(agents, prompt_ids, rollouts)
+        gaps = {k: _engine_trainer_logprob_gap(rollouts[k], old[k]) for k in range(n)}
+        if cfg.rollout.old_logprobs == "engine":
+            clip = cfg.algorithm.grpo_clip_low if spec.policy_loss == "grpo" else cfg.algorithm.clip_low
+            check_engine_logprobs({agents.names[k]: gap for k, gap in gaps.items()}, clip=clip)
+            agents.engine_logprobs_checked = True
     reference = {k: _agent_logprobs(agents.trainers[k], agents.references[k], own_sequences(prompt_ids[k], rollouts[k]))
                  for k in agents.references}
     times["time/logprob"] = time.perf_counter() - t
@@ -256,7 +266,7 @@ def _hacpo_step(step, cfg, spec, agents: Agents, sampler, tracker, reward_actor,
     records = []
     for k in range(n):
         record = {"step": step + 1, "agent": agents.names[k], "reward_mean": float(rewards[k].mean()),
-                  **_engine_trainer_logprob_gap(rollouts[k], old[k]),
+                  **gaps.get(k, {}),
                   "capability": float(capabilities[k]), **per_agent[k], **rollout_stats(rollouts[k]),
                   **{f"omega_from/{agents.names[j]}": float(advantages.omega[j, k]) for j in range(n) if j != k},
                   **{f"reward/{key}": float(v) for key, v in reward_stats.items() if isinstance(v, (int, float))},

@@ -36,6 +36,25 @@ class OldLogProbs:
         return self.sums[index] / self.lengths[index]
 
 
+def engine_old_logprobs(completions: Sequence[Sequence[Completion]]) -> OldLogProbs:
+    """The engine's own log-probs of one agent's completions ([prompt][sample]) as its old log-probs."""
+    tokens = [list(c.logprobs) for group in completions for c in group]
+    return OldLogProbs(sums=[sum(t) for t in tokens], lengths=[len(t) for t in tokens], tokens=tokens)
+
+
+def check_engine_logprobs(gaps: Dict[str, Dict[str, float]], *, clip: float) -> None:
+    """Refuse the engine's log-probs as old log-probs unless they move a sequence's mean log-prob (GSPO's
+    ratio) by under a tenth of the clip range: `gaps` is {agent: its rollout/logprob_diff_* figures}."""
+    bound = 0.1 * clip
+    for name, gap in gaps.items():
+        if gap["rollout/logprob_diff_mean"] > bound:
+            raise RuntimeError(
+                f"rollout.old_logprobs=engine: agent {name}'s engine log-probs differ from its trainer's by "
+                f"{gap['rollout/logprob_diff_mean']:.2e} per token on average (max "
+                f"{gap['rollout/logprob_diff_max']:.2e}), above {bound:.1e} (a tenth of the clip range); "
+                f"use rollout.old_logprobs=trainer")
+
+
 def reward_items(prompts: Sequence[PromptRecord], rollouts: Rollouts) -> List[RewardItem]:
     """One item per completion, in [agent][prompt][sample] order."""
     return [

@@ -131,6 +131,25 @@ def test_a_dead_rollout_engine_is_restarted_and_the_step_retried(reference_run, 
     assert comparable(metrics(out)) == comparable(metrics(reference_run))  # nothing lost, nothing counted twice
 
 
+def test_engine_log_probs_replace_the_old_log_prob_pass_after_the_first_step(reference_run, tmp_path, cache):
+    out = tmp_path / "run"
+    run(small_config(tmp_path, cache, rollout={"old_logprobs": "engine"}), out)
+
+    def train(records):
+        return sorted((r for r in records if r["kind"] == "train"), key=lambda r: (r["step"], r["agent"]))
+
+    ours, reference = train(metrics(out)), train(metrics(reference_run))
+    first = [r for r in ours if r["step"] == 1]
+    # step 1: the trainer's pass ran and vouched for the engine's log-probs: the same step as the reference
+    assert comparable(first) == comparable([r for r in reference if r["step"] == 1])
+    assert all(r["rollout/logprob_diff_mean"] < 3e-5 for r in first)
+    later = [(r, ref) for r, ref in zip(ours, reference) if r["step"] > 1]
+    assert later and all("rollout/logprob_diff_max" not in r for r, _ in later)  # no trainer pass, no gap
+    for r, ref in later:  # the engine's log-probs differ from the trainer's by ~1e-7: the same learning
+        assert r["reward_mean"] == ref["reward_mean"] or r["step"] == 3
+        assert r["loss"] == pytest.approx(ref["loss"], rel=1e-3, abs=1e-6)
+
+
 @pytest.mark.parametrize("algorithm,updates", [("gspo", 2), ("gspo_x2", 4), ("naive", 4), ("grpo", 2)])
 def test_baselines_run_to_completion(tmp_path, cache, algorithm, updates):
     out = tmp_path / "run"

@@ -35,3 +35,25 @@ def test_naive_rates_shared_rows_against_the_learner_own_old_log_probs():
     assert out[0] is rows[0] and rows[1].old_seq_logp == -7.0  # own rows untouched, inputs not mutated
     with pytest.raises(ValueError, match="2 rows of other agents"):
         with_learner_old_logprobs(rows, [[-1.0]])
+
+
+def test_engine_log_probs_stand_in_for_old_ones_in_prompt_sample_order():
+    from hacpo_megatron.rollout.base import Completion
+    from hacpo_megatron.training.step_data import engine_old_logprobs
+
+    completions = [[Completion([5, 6], "a", [-0.5, -1.5], "stop"), Completion([7], "b", [-2.0], "stop")],
+                   [Completion([8, 9, 2], "c", [-0.1, -0.2, -0.3], "stop"), Completion([4], "d", [-4.0], "length")]]
+    old = engine_old_logprobs(completions)
+    assert old.tokens == [[-0.5, -1.5], [-2.0], [-0.1, -0.2, -0.3], [-4.0]]
+    assert old.lengths == [2, 1, 3, 1] and old.sums == [-2.0, -2.0, pytest.approx(-0.6), -4.0]
+    assert old.mean(2) == pytest.approx(-0.2)
+
+
+def test_engine_log_probs_are_refused_beyond_a_tenth_of_the_clip_range():
+    from hacpo_megatron.training.step_data import check_engine_logprobs
+
+    close = {"rollout/logprob_diff_mean": 2e-7, "rollout/logprob_diff_max": 2e-6}
+    check_engine_logprobs({"a": close, "b": close}, clip=3e-4)  # vLLM on CPU, fp32: accepted
+    far = {"rollout/logprob_diff_mean": 4e-5, "rollout/logprob_diff_max": 1e-2}
+    with pytest.raises(RuntimeError, match=r"agent b's engine log-probs .* 4.00e-05 .* above 3.0e-05"):
+        check_engine_logprobs({"a": close, "b": far}, clip=3e-4)
