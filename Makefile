@@ -20,7 +20,10 @@ setup: $(STAMP)
 
 setup-vllm: $(VLLM_STAMP)
 
-run: $(STAMP)
+# a config with a vLLM engine gets vLLM's CPU build first (make setup-vllm)
+NEEDS_VLLM := $(shell grep -qE '^[^#]*engine:[[:space:]]*vllm' $(CONFIG) 2>/dev/null && echo yes)
+
+run: $(STAMP) $(if $(NEEDS_VLLM),$(VLLM_STAMP))
 	$(PY) -m hacpo_megatron.launch --config $(CONFIG) $(ARGS)
 
 test: $(STAMP) $(VLLM_STAMP)

@@ -220,15 +220,7 @@ def _hacpo_step(step, cfg, spec, agents: Agents, sampler, tracker, reward_actor,
     # 5. old log-probs of own responses, shared with every rank: the trainer's pass, or the engine's own
     #    (rollout.old_logprobs: engine) once that pass has found them close enough on the run's first step
     t = time.perf_counter()
-    if cfg.rollout.old_logprobs == "engine" and agents.engine_logprobs_checked:
-        old, gaps = [engine_old_logprobs(r) for r in rollouts], {}
-    else:
-        old = _old_logprobs(agents, prompt_ids, rollouts)
-        gaps = {k: _engine_trainer_logprob_gap(rollouts[k], old[k]) for k in range(n)}
-        if cfg.rollout.old_logprobs == "engine":
-            clip = cfg.algorithm.grpo_clip_low if spec.policy_loss == "grpo" else cfg.algorithm.clip_low
-            check_engine_logprobs({agents.names[k]: gap for k, gap in gaps.items()}, clip=clip)
-            agents.engine_logprobs_checked = True
+    old, gaps = _behaviour_logprobs(cfg, spec, agents, prompt_ids, rollouts)
     reference = {k: _agent_logprobs(agents.trainers[k], agents.references[k], own_sequences(prompt_ids[k], rollouts[k]))
                  for k in agents.references}
     times["time/logprob"] = time.perf_counter() - t
@@ -329,6 +321,19 @@ def _sampling(cfg: Config, G: int, step: int) -> Callable[[int], SamplingParams]
                               max_new_tokens=cfg.rollout.max_response_length,
                               seed=(cfg.run.seed * 1_000_003 + step * 1_009 + k) % (2**31))
     return for_agent
+
+
+def _behaviour_logprobs(cfg: Config, spec, agents: Agents, prompt_ids, rollouts):
+    """Every agent's old log-probs, and {k: engine/trainer gap} on the steps that ran the trainer's pass."""
+    if cfg.rollout.old_logprobs == "engine" and agents.engine_logprobs_checked:
+        return [engine_old_logprobs(r) for r in rollouts], {}
+    old = _old_logprobs(agents, prompt_ids, rollouts)
+    gaps = {k: _engine_trainer_logprob_gap(rollouts[k], old[k]) for k in range(len(old))}
+    if cfg.rollout.old_logprobs == "engine":
+        clip = cfg.algorithm.grpo_clip_low if spec.policy_loss == "grpo" else cfg.algorithm.clip_low
+        check_engine_logprobs({agents.names[k]: gap for k, gap in gaps.items()}, clip=clip)
+        agents.engine_logprobs_checked = True
+    return old, gaps
 
 
 def _old_logprobs(agents: Agents, prompt_ids, rollouts) -> List[OldLogProbs]:
