@@ -1,0 +1,352 @@
+"""tools/compare_algorithms.py with a fake launcher that writes run folders (no training, no models): the
+table's statistics against numpy, resume and skip decisions, failures, preemption, bad input, the plot."""
+import importlib.util
+import json
+import math
+import re
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+TOOL = REPO / "tools" / "compare_algorithms.py"
+BASE = str(REPO / "configs" / "default.yaml")
+NAIVE = str(REPO / "configs" / "baselines" / "naive.yaml")
+AGENTS = ("qwen3-tiny", "llama-tiny")
+TOTAL_STEPS = 4
+
+# Final held-out accuracy per (variant, seed, agent) of the fake runs.
+FINAL = {
+    ("hacpo", 1, "qwen3-tiny"): 0.70, ("hacpo", 2, "qwen3-tiny"): 0.74, ("hacpo", 3, "qwen3-tiny"): 0.66,
+    ("hacpo", 1, "llama-tiny"): 0.50, ("hacpo", 2, "llama-tiny"): 0.55, ("hacpo", 3, "llama-tiny"): 0.48,
+    ("gspo", 1, "qwen3-tiny"): 0.61, ("gspo", 2, "qwen3-tiny"): 0.69, ("gspo", 3, "qwen3-tiny"): 0.60,
+    ("gspo", 1, "llama-tiny"): 0.44, ("gspo", 2, "llama-tiny"): 0.47, ("gspo", 3, "llama-tiny"): 0.44,
+}
+T_975_2 = 4.303  # Student's t, 0.975 quantile, 2 degrees of freedom (any statistics table)
+T_975_1 = 12.706
+
+
+@pytest.fixture(scope="module")
+def tool():
+    spec = importlib.util.spec_from_file_location("compare_algorithms", TOOL)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+# ---------------------------------------------------------------------------------------- fake run folders
+def _option(command, flag):
+    return command[command.index(flag) + 1] if flag in command else None
+
+
+def _seed_of(command):
+    return int(next(v for f, v in zip(command, command[1:]) if f == "--set" and v.startswith("run.seed="))
+               .split("=", 1)[1])
+
+
+def write_run(folder: Path, label: str, seed: int, *, upto: int = TOTAL_STEPS, checkpoint: bool = True,
+              summary: bool = True):
+    """A run folder as run_hacpo leaves it after `upto` of TOTAL_STEPS steps (eval every 2 steps)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    config = {"run": {"name": label, "seed": seed, "total_steps": TOTAL_STEPS},
+              "agents": [{"name": a} for a in AGENTS], "data": {"eval": "synthetic:largest", "eval_every": 2}}
+    (folder / "config.yaml").write_text(yaml.safe_dump(config), encoding="utf-8")
+    lines = []
+    for step in range(upto + 1):
+        for agent in AGENTS:
+            if step > 0:
+                lines.append({"step": step, "agent": agent, "reward_mean": 0.5, "kind": "train"})
+            if step % 2 == 0:
+                final = FINAL.get((label, seed, agent), 0.5)
+                accuracy = {0: final - 0.2, 2: final + 0.05}.get(step, final)  # the best is not the last
+                lines.append({"step": step, "agent": agent, "eval/accuracy": accuracy, "kind": "eval"})
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines), encoding="utf-8")
+    if summary:
+        (folder / "summary.md").write_text("# Run summary\n", encoding="utf-8")
+    if checkpoint and upto >= 2:
+        step = upto - upto % 2
+        (folder / "checkpoints" / f"step_{step:08d}").mkdir(parents=True, exist_ok=True)
+        (folder / "checkpoints" / "latest").write_text(f"step_{step:08d}\n")
+
+
+class FakeLauncher:
+    """Records every command; writes a finished run folder, or fails / is preempted for the cells named."""
+
+    def __init__(self, fail=(), preempt=()):
+        self.calls = []
+        self.fail, self.preempt = set(fail), set(preempt)
+
+    def __call__(self, command, log_path):
+        self.calls.append(list(command))
+        folder = Path(_option(command, "--output-dir"))
+        label, seed = folder.parent.name, _seed_of(command)
+        assert log_path == folder / "launcher.log"
+        if (label, seed) in self.fail:
+            write_run(folder, label, seed, upto=1, checkpoint=False)
+            return 1
+        if (label, seed) in self.preempt:
+            write_run(folder, label, seed, upto=2)
+            return 143
+        write_run(folder, label, seed)
+        return 0
+
+    def cells(self):
+        return [(Path(_option(c, "--output-dir")).parent.name, _seed_of(c), "--resume" in c) for c in self.calls]
+
+
+def study_args(out, *extra, seeds=("1", "2", "3")):
+    return ["--config", BASE, "--variant", "hacpo=", "--variant", "gspo=algorithm.name=gspo",
+            "--seeds", *seeds, "--baseline", "gspo", "--out", str(out), *extra]
+
+
+def run_tool(tool, argv, launcher):
+    return tool.main(argv, launch=launcher, resolve=None)
+
+
+# ---------------------------------------------------------------------------------------- statistics
+def _ci(values, t):
+    values = np.asarray(values, dtype=float)
+    return values.mean(), t * values.std(ddof=1) / math.sqrt(len(values))
+
+
+def test_table_values_paired_differences_and_plot(tool, tmp_path):
+    launcher = FakeLauncher(fail={("gspo", 3)})  # the baseline's seed 3 fails: pairs over seeds 1 and 2 only
+    assert run_tool(tool, study_args(tmp_path), launcher) == 1
+    assert len(launcher.calls) == 6
+
+    study = tool.study_from_args(tool.build_parser().parse_args(study_args(tmp_path)))
+    results = [tool.collect_cell(cell) for cell in study.cells()]
+    rows = {(r.label, r.agent): r for r in tool.accuracy_rows(results, study.labels)}
+    for agent in AGENTS:
+        values = [FINAL[("hacpo", s, agent)] for s in (1, 2, 3)]
+        mean, half = _ci(values, T_975_2)
+        row = rows[("hacpo", agent)]
+        assert row.estimate.n == 3
+        assert row.estimate.mean == pytest.approx(mean, abs=1e-9)
+        assert row.estimate.half_width == pytest.approx(half, rel=2e-4)
+        gspo = rows[("gspo", agent)]  # the failed seed does not count
+        mean, half = _ci([FINAL[("gspo", s, agent)] for s in (1, 2)], T_975_1)
+        assert (gspo.estimate.n, gspo.estimate.mean) == (2, pytest.approx(mean, abs=1e-9))
+        assert gspo.estimate.half_width == pytest.approx(half, rel=2e-4)
+
+    paired = {(r.label, r.agent): r for r in tool.paired_rows(results, study.labels, "gspo")}
+    assert set(paired) == {("hacpo", a) for a in AGENTS}  # no row for the baseline against itself
+    for agent in AGENTS:
+        diffs = [FINAL[("hacpo", s, agent)] - FINAL[("gspo", s, agent)] for s in (1, 2)]
+        mean, half = _ci(diffs, T_975_1)
+        row = paired[("hacpo", agent)]
+        assert [seed for seed, _ in row.per_seed] == [1, 2]
+        assert row.estimate.mean == pytest.approx(mean, abs=1e-9)
+        assert row.estimate.half_width == pytest.approx(half, rel=2e-4)
+
+    text = (tmp_path / "results.md").read_text()
+    mean, half = _ci([FINAL[("hacpo", s, "qwen3-tiny")] for s in (1, 2, 3)], 4.302653)
+    assert f"| hacpo | qwen3-tiny | {mean:.3f} ± {half:.3f} | [{mean - half:.3f}, {mean + half:.3f}] | 3 |" in text
+    mean, half = _ci([FINAL[("hacpo", s, "llama-tiny")] - FINAL[("gspo", s, "llama-tiny")] for s in (1, 2)], 12.7062)
+    assert f"| hacpo - gspo | llama-tiny | {mean:+.3f} ± {half:.3f} |" in text
+    assert "| gspo | 3 | not started: no checkpoint (logged up to step 1) | ran fresh, failed (exit 1) |" in text
+    assert "--only LABEL:SEED" in text and f"--output-dir {tmp_path / 'hacpo' / 'seed2'}" in text
+    plot = tmp_path / "accuracy.png"
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and plot.stat().st_size > 10_000
+
+
+def test_mean_ci_small_cases(tool):
+    assert tool.mean_ci([]) == tool.Estimate(None, None, 0)
+    assert tool.mean_ci([0.4]) == tool.Estimate(0.4, None, 1)
+    estimate = tool.mean_ci([0.2, 0.4, 0.9])
+    assert estimate.half_width == pytest.approx(T_975_2 * np.std([0.2, 0.4, 0.9], ddof=1) / math.sqrt(3), rel=2e-4)
+    low, high = estimate.interval
+    assert (low, high) == pytest.approx((estimate.mean - estimate.half_width, estimate.mean + estimate.half_width))
+
+
+def _t_quantile_by_integration(dof):
+    """The 0.975 quantile of Student's t from its density (Simpson's rule and bisection): independent of the tool."""
+    scale = math.exp(math.lgamma((dof + 1) / 2) - math.lgamma(dof / 2)) / math.sqrt(dof * math.pi)
+
+    def cdf(t):
+        x = np.linspace(0.0, t, 20001)
+        y = scale * (1 + x * x / dof) ** (-(dof + 1) / 2)
+        return 0.5 + (x[1] - x[0]) / 3 * (y[0] + y[-1] + 4 * y[1:-1:2].sum() + 2 * y[2:-1:2].sum())
+
+    low, high = 1.0, 20.0
+    for _ in range(40):
+        middle = (low + high) / 2
+        low, high = (middle, high) if cdf(middle) < 0.975 else (low, middle)
+    return (low + high) / 2
+
+
+@pytest.mark.parametrize("dof", [1, 2, 3, 5, 9, 17, 30, 31, 45, 120])
+def test_t_quantile(tool, dof):
+    assert tool.t_quantile_975(dof) == pytest.approx(_t_quantile_by_integration(dof), abs=2e-4)
+
+
+def test_t_quantile_known_values(tool):
+    assert tool.t_quantile_975(2) == pytest.approx(T_975_2, abs=5e-4)
+    assert tool.t_quantile_975(4) == pytest.approx(2.776, abs=5e-4)
+    assert tool.t_quantile_975(60) == pytest.approx(2.000, abs=5e-4)
+
+
+# ---------------------------------------------------------------------------------------- skip, resume, fail
+def test_finished_cells_are_skipped(tool, tmp_path):
+    first = FakeLauncher()
+    assert run_tool(tool, study_args(tmp_path, seeds=("1", "2")), first) == 0
+    assert sorted(first.cells()) == [("gspo", 1, False), ("gspo", 2, False), ("hacpo", 1, False), ("hacpo", 2, False)]
+    again = FakeLauncher()
+    assert run_tool(tool, study_args(tmp_path, seeds=("1", "2")), again) == 0
+    assert again.calls == []
+    assert "skipped (finished)" in (tmp_path / "results.md").read_text()
+
+
+def test_finished_needs_the_final_eval_not_summary(tool, tmp_path):
+    write_run(tmp_path / "no_summary", "hacpo", 1, summary=False)
+    assert tool.cell_state(tmp_path / "no_summary").status == tool.FINISHED  # the last step's records count
+    crashed = tmp_path / "crashed"
+    write_run(crashed, "hacpo", 1, upto=3)  # crashed after step 3: summary.md is written anyway, checkpoint 2
+    state = tool.cell_state(crashed)
+    assert (state.status, state.checkpoint_step, state.last_step) == (tool.RESUMABLE, 2, 3)
+    assert tool.cell_state(tmp_path / "nothing").status == tool.NOT_STARTED
+    records = [json.loads(line) for line in (crashed / "metrics.jsonl").read_text().splitlines()]
+    folder = tmp_path / "no_final_eval"
+    write_run(folder, "hacpo", 1)  # every training record of step 4, but one agent's final eval missing
+    lines = [json.dumps(r) for r in records] + [json.dumps({"step": 4, "agent": a, "reward_mean": 0.5, "kind": "train"})
+                                                for a in AGENTS]
+    (folder / "metrics.jsonl").write_text("\n".join(lines + [json.dumps(
+        {"step": 4, "agent": "qwen3-tiny", "eval/accuracy": 0.7, "kind": "eval"})]) + "\n")
+    assert tool.cell_state(folder).status == tool.RESUMABLE
+
+
+def test_unfinished_cells_resume_or_start_fresh(tool, tmp_path):
+    write_run(tmp_path / "hacpo" / "seed1", "hacpo", 1, upto=3)  # checkpoint at step 2: resume
+    write_run(tmp_path / "gspo" / "seed1", "gspo", 1, upto=1, checkpoint=False)  # nothing to resume from
+    write_run(tmp_path / "gspo" / "seed2", "gspo", 2)  # finished
+    launcher = FakeLauncher()
+    assert run_tool(tool, study_args(tmp_path, seeds=("1", "2")), launcher) == 0
+    assert sorted(launcher.cells()) == [("gspo", 1, False), ("hacpo", 1, True), ("hacpo", 2, False)]
+    resumed = next(c for c in launcher.calls if "--resume" in c)
+    assert resumed[resumed.index("--output-dir") + 1] == str(tmp_path / "hacpo" / "seed1")
+
+
+def test_failed_cell_is_reported_and_the_study_goes_on(tool, tmp_path, capsys):
+    launcher = FakeLauncher(fail={("hacpo", 1)})
+    assert run_tool(tool, study_args(tmp_path, seeds=("1", "2")), launcher) == 1
+    assert len(launcher.calls) == 4  # the cells after the failed one ran
+    assert "hacpo:1: failed with exit code 1" in capsys.readouterr().out
+    text = (tmp_path / "results.md").read_text()
+    assert "| hacpo | 1 | not started: no checkpoint (logged up to step 1) | ran fresh, failed (exit 1) |" in text
+    assert "| hacpo | qwen3-tiny | " in text and "| 1 | 2: 0.740 |" in text  # the mean of the one finished seed
+
+    again = FakeLauncher()  # the next call tries the failed cell again, and only it
+    assert run_tool(tool, study_args(tmp_path, seeds=("1", "2")), again) == 0
+    assert again.cells() == [("hacpo", 1, False)]
+
+
+def test_preempted_cell_stops_the_study(tool, tmp_path):
+    launcher = FakeLauncher(preempt={("hacpo", 2)})
+    assert run_tool(tool, study_args(tmp_path), launcher) == tool.PREEMPTED_EXIT_CODE
+    assert launcher.cells() == [("hacpo", 1, False), ("hacpo", 2, False)]  # nothing started after it
+    assert (tmp_path / "results.md").is_file()
+    again = FakeLauncher()
+    assert run_tool(tool, study_args(tmp_path), again) == 0
+    assert again.cells()[0] == ("hacpo", 2, True)  # resumed from its checkpoint
+    assert len(again.calls) == 5
+
+
+def test_preemption_code_is_the_entry_points(tool):
+    source = (REPO / "hacpo_megatron" / "orchestrator" / "preemption.py").read_text()
+    assert int(re.search(r"^PREEMPTED_EXIT_CODE = (\d+)", source, re.M).group(1)) == tool.PREEMPTED_EXIT_CODE
+
+
+def test_only_runs_one_cell(tool, tmp_path):
+    launcher = FakeLauncher()
+    assert run_tool(tool, study_args(tmp_path, "--only", "gspo:2"), launcher) == 0
+    assert launcher.cells() == [("gspo", 2, False)]
+    assert "| hacpo | 1 | not started | not run |" in (tmp_path / "results.md").read_text()
+
+
+def test_dry_run_runs_and_writes_nothing(tool, tmp_path, capsys):
+    write_run(tmp_path / "hacpo" / "seed1", "hacpo", 1)
+    write_run(tmp_path / "hacpo" / "seed2", "hacpo", 2, upto=3)
+    launcher = FakeLauncher()
+    assert run_tool(tool, study_args(tmp_path, "--dry-run", seeds=("1", "2")), launcher) == 0
+    out = capsys.readouterr().out
+    assert launcher.calls == [] and not (tmp_path / "results.md").exists()
+    assert "hacpo:1 [finished]: skip" in out
+    assert re.search(r"hacpo:2 \[resumable\]: .* --output-dir \S+seed2 --resume", out)
+    assert re.search(r"gspo:1 \[not started\]: .*--set run\.seed=1 --set algorithm\.name=gspo --output-dir", out)
+
+
+# ---------------------------------------------------------------------------------------- commands and input
+def test_launcher_command(tool, tmp_path):
+    variants = [tool.parse_variant("hacpo=", BASE), tool.parse_variant(f"naive={NAIVE};algorithm.alpha=3", BASE),
+                tool.parse_variant("a3 = algorithm.alpha=3 ; algorithm.cross_clip=false", BASE)]
+    cells = tool.plan_cells(variants, [7], tmp_path)
+    assert tool.launcher_command(cells[0], ["run.total_steps=2"], python="py") == [
+        "py", "-m", "hacpo_megatron.launch", "--config", BASE, "--set", "run.seed=7", "--set", "run.total_steps=2",
+        "--output-dir", str(tmp_path / "hacpo" / "seed7")]
+    naive = tool.launcher_command(cells[1], resume=True, python="py")
+    assert naive[3:5] == ["--config", NAIVE] and naive[-3:] == ["--output-dir", str(tmp_path / "naive" / "seed7"),
+                                                                "--resume"]
+    assert "algorithm.alpha=3" in naive
+    assert variants[2] == tool.Variant("a3", BASE, ("algorithm.alpha=3", "algorithm.cross_clip=false"))
+
+
+@pytest.mark.parametrize("argv_change, message", [
+    (lambda a: a[:1] + ["configs/nonexistent.yaml"] + a[2:], "no such file"),
+    (lambda a: a + ["--variant", "naive"], "expected LABEL=SPEC"),
+    (lambda a: a + ["--variant", "a/b=algorithm.alpha=3"], "expected LABEL=SPEC"),
+    (lambda a: a + ["--variant", "x=configs/missing.yaml"], "no such file"),
+    (lambda a: a + ["--variant", f"x={NAIVE};{NAIVE}"], "two config files"),
+    (lambda a: a + ["--variant", "x=run.seed=5"], "run.seed comes from --seeds"),
+    (lambda a: a + ["--variant", "hacpo=algorithm.alpha=3"], "labels repeat"),
+    (lambda a: [v if v != "gspo" else "grpo" for v in a], "--baseline grpo: not among the variants"),
+    (lambda a: a + ["--only", "hacpo:9"], "no such cell"),
+    (lambda a: a + ["--only", "hacpo"], "expected LABEL:SEED"),
+    (lambda a: a + ["--seeds", "1", "1"], "--seeds repeat"),
+    (lambda a: a[: a.index("--seeds")] + a[a.index("--seeds") + 4:], "--seeds"),  # required
+])
+def test_bad_input_is_one_line_and_exit_2(tool, tmp_path, capsys, argv_change, message):
+    launcher = FakeLauncher()
+    argv = argv_change(study_args(tmp_path / "study"))
+    try:
+        code = run_tool(tool, argv, launcher)
+    except SystemExit as exit_:  # argparse's own checks
+        code = exit_.code
+    err = capsys.readouterr().err
+    assert code == 2
+    assert message in err and len(err.strip().splitlines()) == 1, err
+    assert launcher.calls == [] and not (tmp_path / "study").exists()
+
+
+def test_a_folder_of_another_config_is_bad_input(tool, tmp_path, capsys):
+    write_run(tmp_path / "hacpo" / "seed1", "hacpo", 1, upto=3)
+
+    def resolve(config, overrides):  # what load_config would give: total_steps now 8, not the folder's 4
+        seed = int(overrides[0].split("=")[1])
+        return {"run": {"name": "hacpo", "seed": seed, "total_steps": 8}, "agents": [{"name": a} for a in AGENTS]}
+
+    launcher = FakeLauncher()
+    assert tool.main(study_args(tmp_path, seeds=("1",)), launch=launcher, resolve=resolve) == 2
+    err = capsys.readouterr().err
+    assert "run.total_steps: 8 here, 4 in the folder" in err and len(err.strip().splitlines()) == 1
+    assert launcher.calls == []
+
+
+def test_invalid_override_is_found_before_any_run(tool, tmp_path, capsys):
+    launcher = FakeLauncher()
+    argv = study_args(tmp_path, "--variant", "typo=algorithm.alhpa=3", seeds=("1",))
+    assert tool.main(argv, launch=launcher, resolve=tool.resolve_config) == 2  # the project's config loader
+    err = capsys.readouterr().err
+    assert "--variant typo" in err and "algorithm.alhpa: unknown key" in err and len(err.strip().splitlines()) == 1
+    assert launcher.calls == []
+
+
+def test_default_runner_logs_and_returns_the_exit_code(tool, tmp_path):
+    log = tmp_path / "cell" / "launcher.log"
+    command = [sys.executable, "-c", "import sys; print('hello from the cell'); sys.exit(3)"]
+    assert tool.run_launcher(command, log) == 3
+    text = log.read_text()
+    assert "hello from the cell" in text and text.lstrip().startswith("===")
