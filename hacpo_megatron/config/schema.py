@@ -124,8 +124,8 @@ class TrainConfig:
     grad_clip: float = 1.0  # 0 disables
     params_dtype: Literal["auto", "fp32", "bf16"] = "auto"  # auto: bf16 on GPU, fp32 on CPU
     # torch threads of each trainer rank on a CPU machine; None: torchrun's default (1 per rank when a
-    # machine runs several). More than cores / ranks pays when one agent's update dominates the step
-    # (a real model beside a tiny one): the others wait for it in the step's collectives anyway.
+    # machine runs several). Worth more than cores / ranks when one agent's update dominates the step (a
+    # real model beside a tiny one): the other ranks mostly wait for it in the step's collectives.
     cpu_threads: Optional[int] = None
     sft_warmup_steps: int = 0  # supervised warm-up before RL of random-init agents (0: none); at most this many
     # steps with sft_warmup_stop_accuracy: stop once sampled (T=1) accuracy on training problems reaches it

@@ -127,7 +127,7 @@ def build_agent_model(
     _apply_llama3_rope_scaling(model, arch)
     if config.params_dtype != torch.float32:
         # What megatron's Float16Module does to a bf16/fp16 model: every parameter in that dtype, the norm
-        # weights too (torch's RMSNorm is created in the default fp32; a mixed-dtype norm is also a slow path).
+        # weights too (torch's RMSNorm is created in the default fp32).
         model.to(config.params_dtype)
     if torch.cuda.is_available():
         model.cuda(torch.cuda.current_device())
