@@ -269,27 +269,38 @@ def _cpu_torch_in_modules_with_literal_cuda() -> None:
 #    embedding group. On CPU it stays where it is.
 # --------------------------------------------------------------------------------------------
 @contextlib.contextmanager
-def _tensor_cuda_is_identity() -> Iterator[None]:
-    original = torch.Tensor.cuda
-    torch.Tensor.cuda = lambda self, *args, **kwargs: self  # type: ignore[assignment]
+def _tensor_method_replaced(name: str, replacement: Callable[..., Any]) -> Iterator[None]:
+    """`torch.Tensor.<name>` is `replacement(original, self, *args, **kwargs)` inside the block."""
+    original = getattr(torch.Tensor, name)
+    setattr(torch.Tensor, name, lambda self, *args, **kwargs: replacement(original, self, *args, **kwargs))
     try:
         yield
     finally:
-        torch.Tensor.cuda = original  # type: ignore[assignment]
+        setattr(torch.Tensor, name, original)
+
+
+def _run_within(cls: type, method: str, context: Callable[[], Any], patch_name: str) -> None:
+    """`cls.<method>` runs inside `context()`, and nothing else changes."""
+    original = getattr(cls, method)
+
+    @functools.wraps(original)
+    def wrapped(self: Any, *args: Any, **kwargs: Any) -> Any:
+        with context():
+            return original(self, *args, **kwargs)
+
+    setattr(cls, method, wrapped)
+    _PATCHES.append(patch_name)
+
+
+def _tensor_cuda_is_identity() -> Any:
+    return _tensor_method_replaced("cuda", lambda original, self, *args, **kwargs: self)
 
 
 def _tied_embedding_sync_stays_on_cpu() -> None:
     from megatron.core.models.common.language_module.language_module import LanguageModule
 
-    original = LanguageModule.setup_embeddings_and_output_layer
-
-    @functools.wraps(original)
-    def setup_embeddings_and_output_layer(self: Any) -> None:
-        with _tensor_cuda_is_identity():
-            original(self)
-
-    LanguageModule.setup_embeddings_and_output_layer = setup_embeddings_and_output_layer
-    _PATCHES.append("tied-embedding-sync->cpu")
+    _run_within(LanguageModule, "setup_embeddings_and_output_layer", _tensor_cuda_is_identity,
+                "tied-embedding-sync->cpu")
 
 
 # --------------------------------------------------------------------------------------------
@@ -330,30 +341,13 @@ _CUDA_TYPE_NAMES = {"torch.FloatTensor": "torch.cuda.FloatTensor", "torch.HalfTe
                     "torch.BFloat16Tensor": "torch.cuda.BFloat16Tensor"}
 
 
-@contextlib.contextmanager
-def _cpu_float_types_named_as_cuda() -> Iterator[None]:
-    original = torch.Tensor.type
-
-    def type_(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        name = original(self, *args, **kwargs)
-        return _CUDA_TYPE_NAMES.get(name, name) if not args and not kwargs else name
-
-    torch.Tensor.type = type_  # type: ignore[assignment]
-    try:
-        yield
-    finally:
-        torch.Tensor.type = original  # type: ignore[assignment]
+def _cuda_type_name(original: Callable[..., Any], self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+    name = original(self, *args, **kwargs)
+    return _CUDA_TYPE_NAMES.get(name, name) if not args and not kwargs else name
 
 
 def _mixed_precision_optimizer_takes_cpu_params() -> None:
     from megatron.core.optimizer.optimizer import Float16OptimizerWithFloat16Params
 
-    original = Float16OptimizerWithFloat16Params.__init__
-
-    @functools.wraps(original)
-    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-        with _cpu_float_types_named_as_cuda():
-            original(self, *args, **kwargs)
-
-    Float16OptimizerWithFloat16Params.__init__ = __init__
-    _PATCHES.append("mixed-precision-optimizer->cpu-params")
+    _run_within(Float16OptimizerWithFloat16Params, "__init__", lambda: _tensor_method_replaced("type", _cuda_type_name),
+                "mixed-precision-optimizer->cpu-params")
