@@ -60,11 +60,11 @@ def initial_weights(cfg: Config, agent_cfg: AgentConfig, parallel: AgentParallel
         return HFWeights(agent_cfg.init_from)
     if cfg.train.sft_warmup_steps <= 0:
         return None
-    from hacpo_megatron.training.warmup import supervised_warmup
+    from hacpo_megatron.training.warmup import supervised_warmup, warmup_task_of
 
     def warm_up():
         return supervised_warmup(
-            hf_config, agent_cfg.tokenizer or agent_cfg.model, cfg.train.sft_warmup_task or cfg.data.train,
+            hf_config, agent_cfg.tokenizer or agent_cfg.model, warmup_task_of(cfg, agent_cfg),
             steps=cfg.train.sft_warmup_steps, batch_size=cfg.train.sft_warmup_batch_size,
             lr=cfg.train.sft_warmup_lr, seed=seed, cache_dir=cfg.train.sft_warmup_cache,
             stop_accuracy=cfg.train.sft_warmup_stop_accuracy)

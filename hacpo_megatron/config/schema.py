@@ -42,6 +42,9 @@ class AgentConfig:
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     engine: Literal["embedded", "vllm", "sglang"] = "embedded"
     lr: Optional[float] = None  # overrides train.lr for this agent
+    # overrides train.sft_warmup_task for this agent: agents warmed up on different problems know different
+    # things (configs/study/: one learns the problems whose answer is small, the other those whose answer is large)
+    sft_warmup_task: Optional[str] = None
 
 
 @dataclass
@@ -132,7 +135,7 @@ class TrainConfig:
     sft_warmup_stop_accuracy: Optional[float] = None
     sft_warmup_batch_size: int = 16
     sft_warmup_lr: float = 5e-3
-    sft_warmup_task: Optional[str] = None  # default: data.train
+    sft_warmup_task: Optional[str] = None  # default: data.train; an agent's own sft_warmup_task wins
     sft_warmup_cache: str = ".cache/warmup"  # reused across runs, keyed by every setting that matters
 
 

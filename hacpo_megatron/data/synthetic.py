@@ -20,6 +20,10 @@ Tasks (all answers are integers, a few characters long; the questions of word_pr
                     one-step problems in a sentence or two ("... so he has 5 + 8 = 13 pencils.") and gets ~37 %
                     of them right greedily, two-step ones ~3 %.
 
+Answer ranges. Every task also takes ``min_answer`` and ``max_answer`` (any integers): only problems whose
+answer lies in that range, e.g. ``synthetic:largest?max_answer=6``. They select a part of a task's problems:
+the study's agents are warmed up on different parts and so know different things (configs/study/).
+
 Splits. Every problem belongs to the held-out ("eval") or the training ("train") split by a hash (SHA-256)
 of its question text, EVAL_SHARE of them held out. So the splits are disjoint by construction and the
 same on every machine and run, whatever the settings (a harder setting is simply a different set of
@@ -33,9 +37,10 @@ The supervised warm-up target of a problem is ``target_text(record)``: the bare 
 from __future__ import annotations
 
 import hashlib
+import math
 import random
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 from urllib.parse import parse_qsl
 
 from hacpo_megatron.data.records import PromptRecord, user_prompt
@@ -117,14 +122,23 @@ def _word_problem(rng: random.Random, max_operand: int = 12, steps: int = 2) -> 
             f"How many pages did {name} read in all?", a * b + c)
 
 
+ANSWER_RANGE_KEYS = ("min_answer", "max_answer")  # settings every task takes: keep answers in [min, max]
+
+
 @dataclass(frozen=True)
 class SyntheticTask:
     name: str
     make_problem: Callable[..., Problem]
     settings: Dict[str, int]
+    min_answer: Optional[int] = None
+    max_answer: Optional[int] = None
 
     def problem(self, rng: random.Random) -> Problem:
         return self.make_problem(rng, **self.settings)
+
+    def keeps(self, answer: int) -> bool:
+        return ((self.min_answer is None or answer >= self.min_answer)
+                and (self.max_answer is None or answer <= self.max_answer))
 
 
 TASKS: Dict[str, Callable[..., Problem]] = {
@@ -143,17 +157,24 @@ def parse_task_spec(spec: str) -> SyntheticTask:
         raise ValueError(f"{spec!r}: unknown synthetic task {name!r}; known: {sorted(TASKS)}")
     make_problem = TASKS[name]
     allowed = make_problem.__code__.co_varnames[1 : make_problem.__code__.co_argcount]
-    settings = {}
+    settings, answer_range = {}, {}
     for key, value in parse_qsl(query, keep_blank_values=True, strict_parsing=bool(query)):
-        if key not in allowed:
-            raise ValueError(f"{spec!r}: task {name!r} has no setting {key!r}; settings: {list(allowed)}")
+        if key not in allowed + ANSWER_RANGE_KEYS:
+            raise ValueError(f"{spec!r}: task {name!r} has no setting {key!r}; "
+                             f"settings: {list(allowed + ANSWER_RANGE_KEYS)}")
         try:
-            settings[key] = int(value)
+            number = int(value)
         except ValueError:
             raise ValueError(f"{spec!r}: setting {key!r} must be an integer, got {value!r}") from None
-        if settings[key] < 1:
+        if key in ANSWER_RANGE_KEYS:
+            answer_range[key] = number
+            continue
+        if number < 1:
             raise ValueError(f"{spec!r}: setting {key!r} must be >= 1, got {value!r}")
-    return SyntheticTask(name, make_problem, settings)
+        settings[key] = number
+    if answer_range.get("min_answer", -math.inf) > answer_range.get("max_answer", math.inf):
+        raise ValueError(f"{spec!r}: min_answer must be <= max_answer")
+    return SyntheticTask(name, make_problem, settings, **answer_range)
 
 
 def split_of(question: str) -> str:
@@ -173,11 +194,13 @@ def load_synthetic(spec: str, split: str = "train", size: int | None = None) -> 
     draws_without_new = 0
     while len(problems) < wanted and draws_without_new < EXHAUSTED_AFTER_DRAWS:
         question, answer = task.problem(rng)
-        if split_of(question) == split and question not in problems:
+        if split_of(question) == split and question not in problems and task.keeps(answer):
             problems[question] = answer
             draws_without_new = 0
         else:
             draws_without_new += 1
+    if not problems:
+        raise ValueError(f"{spec!r}: no {split} problem has an answer in [min_answer, max_answer]")
     source = SPEC_PREFIX + spec.removeprefix(SPEC_PREFIX)
     return [
         PromptRecord(f"{source}/{split}/{i}", user_prompt(question), str(answer), source, {"split": split})

@@ -54,6 +54,9 @@ def _file_problems(cfg: Config, output_dir: str, resume: bool) -> List[str]:
     for k, agent in enumerate(cfg.agents):
         if agent.init_from:
             _attempt(problems, f"agents.{k} ({agent.name}).init_from", lambda folder=agent.init_from: _check_weights(folder))
+        if cfg.train.sft_warmup_steps > 0 and agent.sft_warmup_task:
+            _attempt(problems, f"agents.{k} ({agent.name}).sft_warmup_task",
+                     lambda spec=agent.sft_warmup_task: load_prompts(spec, "train"))
         if agent.engine != "embedded":
             _attempt(problems, f"agents.{k} ({agent.name}).engine", lambda kind=agent.engine: _check_engine_installed(kind))
     if resume:

@@ -267,6 +267,11 @@ def supervised_warmup(hf_config: dict, tokenizer_name: str, task_spec: str, *, s
     return state
 
 
+def warmup_task_of(cfg, agent_cfg) -> str:
+    """The problems an agent is warmed up on: its own sft_warmup_task, else train.sft_warmup_task, else data.train."""
+    return agent_cfg.sft_warmup_task or cfg.train.sft_warmup_task or cfg.data.train
+
+
 def lr_factor(step: int, *, steps: int) -> float:
     """Warm-up-stable-decay: linear warm-up over the first 5 % of the steps, constant, then a linear decay
     to 10 % over the last 20 %. (A cosine decay spends too little time at full rate: the tiny models sit

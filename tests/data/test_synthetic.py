@@ -67,9 +67,26 @@ def test_difficulty_settings():
     assert all(r.question.count(",") == 3 and " and " in r.question for r in wide)
 
 
+def test_answer_ranges_split_a_task_into_parts():
+    """The study's warm-up parts: each keeps exactly the problems of the whole task whose answer is in range."""
+    for split in ("train", "eval"):
+        whole = {r.question: r.ground_truth for r in load_synthetic("synthetic:largest", split)}
+        small = {r.question: r.ground_truth for r in load_synthetic("synthetic:largest?max_answer=7", split)}
+        large = {r.question: r.ground_truth for r in load_synthetic("synthetic:largest?min_answer=8", split)}
+        assert small.keys().isdisjoint(large) and {**small, **large} == whole
+        assert {int(a) for a in small.values()} == set(range(8)) - ({0, 1} if split == "eval" else set())
+        assert {int(a) for a in large.values()} == {8, 9}
+    middle = load_synthetic("synthetic:linear_equation?min_answer=-2&max_answer=2", "train")
+    assert {int(r.ground_truth) for r in middle} == {-2, -1, 0, 1, 2}  # negative and zero bounds are allowed
+    with pytest.raises(ValueError, match="no train problem has an answer in"):
+        load_synthetic("synthetic:largest?min_answer=10", "train")
+
+
 @pytest.mark.parametrize(
     "spec, message",
     [
+        ("synthetic:largest?min_answer=8&max_answer=7", "min_answer must be <= max_answer"),
+        ("synthetic:largest?max_answer=x", "must be an integer"),
         ("synthetic:sudoku", "unknown synthetic task 'sudoku'"),
         ("synthetic:arithmetic?depth=3", "has no setting 'depth'"),
         ("synthetic:arithmetic?max_operand=big", "must be an integer"),

@@ -32,6 +32,14 @@ def test_every_file_problem_is_named_at_once(tmp_path):
     assert str(error.value).startswith("4 problems with the run's input:")
 
 
+def test_an_agents_own_warmup_task_is_checked(tmp_path):
+    cfg = config("train.sft_warmup_steps=10", "agents.1.sft_warmup_task=synthetic:largest?min_answer=10")
+    with pytest.raises(InputError) as error:
+        check_inputs(cfg, output_dir=str(tmp_path), resume=False)
+    assert error.value.problems == ["agents.1 (b).sft_warmup_task: 'synthetic:largest?min_answer=10': "
+                                    "no train problem has an answer in [min_answer, max_answer]"]
+
+
 def test_tokenizers_are_checked_once_the_files_are_fine(tmp_path):
     with pytest.raises(InputError) as error:
         check_inputs(config("agents.0.tokenizer=/no/tokenizer"), output_dir=str(tmp_path), resume=False)

@@ -185,3 +185,16 @@ def test_stops_at_the_first_check_that_reaches_the_accuracy(monkeypatch):
     tokenizer = load_tokenizer("llama3.2")
     probe = build_examples(tokenizer, load_prompts(TASK, "train"))[: warmup.STOP_PROBE_EXAMPLES]
     assert real_metrics(model, probe, pad_token_id(tokenizer))["p_exact"] == pytest.approx(measured[-1], abs=1e-6)
+
+
+def test_each_agent_may_be_warmed_up_on_its_own_problems():
+    from hacpo_megatron.config import load_config
+
+    agents = ("agents=[{name: a, model: tiny-qwen3, tokenizer: qwen3, sft_warmup_task: 'synthetic:largest?max_answer=7'},"
+              " {name: b, model: tiny-qwen3, tokenizer: qwen3}]")
+    cfg = load_config(None, [agents, "data.train=synthetic:largest"])
+    assert [warmup.warmup_task_of(cfg, agent) for agent in cfg.agents] == ["synthetic:largest?max_answer=7",
+                                                                           "synthetic:largest"]
+    cfg.train.sft_warmup_task = "synthetic:largest?min_answer=8"
+    assert [warmup.warmup_task_of(cfg, agent) for agent in cfg.agents] == ["synthetic:largest?max_answer=7",
+                                                                           "synthetic:largest?min_answer=8"]
