@@ -222,10 +222,30 @@ def save_agent_checkpoint(folder: PathLike, agent: AgentState, *, step: Optional
     if member and agent.model is None:
         raise ValueError(f"rank {agent.parallel.rank} belongs to agent {agent.parallel.name!r} but passed no model")
     state = agent_sharded_state_dict(agent.model, agent.optimizer) if member else {}
+    _start_writer_helper_outliving_sigterm()
     dist_checkpointing.save(state, str(dist_dir))
     if member and agent.parallel.agent_rank == 0:
         _write_side_files(folder, agent, step)
     dist.barrier()
+
+
+def _start_writer_helper_outliving_sigterm() -> None:
+    """Megatron's checkpoint writer collects its results through a multiprocessing Manager, a process it
+    starts at the first save and keeps (filesystem_async.get_write_results_queue). torchrun forwards a
+    preemption SIGTERM to the rank's whole process group, so that process would die with it, and the
+    checkpoint the signal asks for would fail ("Broken pipe"). This starts it in megatron's place, the
+    same way but ignoring SIGTERM; it ends with the rank (orchestrator/preemption.py)."""
+    import functools
+    import multiprocessing
+    import signal
+    from multiprocessing.managers import SyncManager
+
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+    if filesystem_async._results_queue is None:
+        manager = SyncManager(ctx=multiprocessing.get_context("spawn"))  # what get_write_results_queue makes
+        manager.start(functools.partial(signal.signal, signal.SIGTERM, signal.SIG_IGN))
+        filesystem_async._results_queue = manager.Queue()  # the queue's proxy keeps the manager alive
 
 
 def _write_side_files(folder: Path, agent: AgentState, step: Optional[int]) -> None:

@@ -9,19 +9,35 @@ them to every rank) ends the run at the next step boundary with a complete check
 The first signal only sets a flag (the step in flight finishes: its collectives cannot be left
 half-way on some ranks); a second signal stops at once. torchrun waits 30 s after forwarding a
 signal before it kills the ranks, which bounds how long a step plus its checkpoint may take.
+
+torchrun sends the signal to each rank's whole process group, so the helper processes a rank starts
+get it too. Those the step and its checkpoint still need live on until the rank stops them: Ray's are
+started under `signal_blocked(SIGTERM)` (the mask is inherited through fork and exec;
+orchestrator/ray_runtime.py), megatron's checkpoint writer's ignores SIGTERM (checkpoint/megatron_io.py).
 """
 from __future__ import annotations
 
+import contextlib
 import signal
 import sys
 from dataclasses import dataclass, field
-from typing import Dict, Optional
+from typing import Dict, Iterator, Optional
 
 import torch
 import torch.distributed as dist
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 PREEMPTED_EXIT_CODE = 143  # 128 + SIGTERM: "stopped on request", as schedulers read it
+
+
+@contextlib.contextmanager
+def signal_blocked(sig: int) -> Iterator[None]:
+    """Block `sig` in this thread meanwhile: processes started inside inherit the block (module docstring)."""
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {sig})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 class Preempted(Exception):

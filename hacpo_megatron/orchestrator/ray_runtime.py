@@ -29,16 +29,17 @@ docs/security.md lists every listening socket of a run and what protects it.
 """
 from __future__ import annotations
 
-import contextlib
 import os
 import secrets
 import signal
 import tempfile
 from dataclasses import dataclass, field
-from typing import Dict, Iterator, Optional
+from typing import Dict, Optional
 
 import ray
 import torch.distributed as dist
+
+from hacpo_megatron.orchestrator.preemption import signal_blocked
 
 NAMESPACE = "hacpo"
 TOKEN_FILE = "auth_token"
@@ -146,7 +147,7 @@ class RayRuntime:
         _write_private(token_file, token)
         saved = _set_ray_env({**_local_env(), "RAY_AUTH_TOKEN": token})
         try:
-            with _blocked(signal.SIGTERM):  # Ray's processes inherit the mask: see the module docstring
+            with signal_blocked(signal.SIGTERM):  # Ray's processes inherit the mask: see the module docstring
                 ray.init(address="local", num_cpus=num_cpus or os.cpu_count(), include_dashboard=False,
                          namespace=NAMESPACE, _node_ip_address="127.0.0.1",
                          _temp_dir=os.path.join(private_dir, "ray"), log_to_driver=False,
@@ -172,15 +173,6 @@ class RayRuntime:
             _remove(self._token_file)  # only left if connect() did not get to its end
             self._token_file = None
             self._restore_env()
-
-
-@contextlib.contextmanager
-def _blocked(sig: int) -> Iterator[None]:
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {sig})
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def _local_env() -> Dict[str, Optional[str]]:
