@@ -342,6 +342,9 @@ def _validate_agent(agent: AgentConfig, path: Path, where: _Where, errors: List[
     _check(p.first_rank is None or p.first_rank >= 0, errors, where, path + ("parallel", "first_rank"), "must be >= 0")
     if agent.lr is not None:
         _check(agent.lr > 0, errors, where, path + ("lr",), f"must be > 0, got {agent.lr}")
+    if agent.sft_warmup_stop_accuracy is not None:
+        _check(0 < agent.sft_warmup_stop_accuracy <= 1, errors, where, path + ("sft_warmup_stop_accuracy",),
+               f"must be in (0, 1], got {agent.sft_warmup_stop_accuracy}")
     if not agent.model:
         errors.append(f"{where(path + ('model',))}: required (a preset name or a Hugging Face folder), or an init_from")
         return

@@ -42,9 +42,10 @@ class AgentConfig:
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     engine: Literal["embedded", "vllm", "sglang"] = "embedded"
     lr: Optional[float] = None  # overrides train.lr for this agent
-    # overrides train.sft_warmup_task for this agent: agents warmed up on different problems know different
-    # things (configs/study/: one learns the problems whose answer is small, the other those whose answer is large)
+    # override train.sft_warmup_task / sft_warmup_stop_accuracy for this agent: agents warmed up on different
+    # problems, or for longer, start RL knowing different things (configs/study/)
     sft_warmup_task: Optional[str] = None
+    sft_warmup_stop_accuracy: Optional[float] = None
 
 
 @dataclass

@@ -20,9 +20,11 @@ Tasks (all answers are integers, a few characters long; the questions of word_pr
                     one-step problems in a sentence or two ("... so he has 5 + 8 = 13 pencils.") and gets ~37 %
                     of them right greedily, two-step ones ~3 %.
 
-Answer ranges. Every task also takes ``min_answer`` and ``max_answer`` (any integers): only problems whose
-answer lies in that range, e.g. ``synthetic:largest?max_answer=6``. They select a part of a task's problems:
-the study's agents are warmed up on different parts and so know different things (configs/study/).
+Parts of a task. Every task also takes settings that keep only some of its problems, so that agents can be
+warmed up on different parts of the training problems (configs/study/):
+  part, parts       ``?parts=2&part=1``: one of `parts` near-equal parts, by a hash of the question (another
+                    hash than the split's), so every part holds every kind of problem;
+  min_answer, max_answer   ``?max_answer=7``: only problems whose answer lies in that range (any integers).
 
 Splits. Every problem belongs to the held-out ("eval") or the training ("train") split by a hash (SHA-256)
 of its question text, EVAL_SHARE of them held out. So the splits are disjoint by construction and the
@@ -122,7 +124,7 @@ def _word_problem(rng: random.Random, max_operand: int = 12, steps: int = 2) -> 
             f"How many pages did {name} read in all?", a * b + c)
 
 
-ANSWER_RANGE_KEYS = ("min_answer", "max_answer")  # settings every task takes: keep answers in [min, max]
+SELECTION_KEYS = ("part", "parts", "min_answer", "max_answer")  # settings every task takes (module docstring)
 
 
 @dataclass(frozen=True)
@@ -132,13 +134,16 @@ class SyntheticTask:
     settings: Dict[str, int]
     min_answer: Optional[int] = None
     max_answer: Optional[int] = None
+    part: int = 1
+    parts: int = 1
 
     def problem(self, rng: random.Random) -> Problem:
         return self.make_problem(rng, **self.settings)
 
-    def keeps(self, answer: int) -> bool:
+    def keeps(self, question: str, answer: int) -> bool:
         return ((self.min_answer is None or answer >= self.min_answer)
-                and (self.max_answer is None or answer <= self.max_answer))
+                and (self.max_answer is None or answer <= self.max_answer)
+                and int(_hash_fraction("part:" + question) * self.parts) == self.part - 1)
 
 
 TASKS: Dict[str, Callable[..., Problem]] = {
@@ -157,30 +162,33 @@ def parse_task_spec(spec: str) -> SyntheticTask:
         raise ValueError(f"{spec!r}: unknown synthetic task {name!r}; known: {sorted(TASKS)}")
     make_problem = TASKS[name]
     allowed = make_problem.__code__.co_varnames[1 : make_problem.__code__.co_argcount]
-    settings, answer_range = {}, {}
+    settings, selection = {}, {}
     for key, value in parse_qsl(query, keep_blank_values=True, strict_parsing=bool(query)):
-        if key not in allowed + ANSWER_RANGE_KEYS:
+        if key not in allowed + SELECTION_KEYS:
             raise ValueError(f"{spec!r}: task {name!r} has no setting {key!r}; "
-                             f"settings: {list(allowed + ANSWER_RANGE_KEYS)}")
+                             f"settings: {list(allowed + SELECTION_KEYS)}")
         try:
             number = int(value)
         except ValueError:
             raise ValueError(f"{spec!r}: setting {key!r} must be an integer, got {value!r}") from None
-        if key in ANSWER_RANGE_KEYS:
-            answer_range[key] = number
-            continue
-        if number < 1:
+        if number < 1 and key not in ("min_answer", "max_answer"):
             raise ValueError(f"{spec!r}: setting {key!r} must be >= 1, got {value!r}")
-        settings[key] = number
-    if answer_range.get("min_answer", -math.inf) > answer_range.get("max_answer", math.inf):
+        (selection if key in SELECTION_KEYS else settings)[key] = number
+    if selection.get("min_answer", -math.inf) > selection.get("max_answer", math.inf):
         raise ValueError(f"{spec!r}: min_answer must be <= max_answer")
-    return SyntheticTask(name, make_problem, settings, **answer_range)
+    if selection.get("part", 1) > selection.get("parts", 1):
+        raise ValueError(f"{spec!r}: part must be one of 1..parts")
+    return SyntheticTask(name, make_problem, settings, **selection)
+
+
+def _hash_fraction(text: str) -> float:
+    """A number in [0, 1): a fixed function of the text, identical on every machine."""
+    return int.from_bytes(hashlib.sha256(text.encode("utf-8")).digest()[:8], "big") / 2**64
 
 
 def split_of(question: str) -> str:
     """'eval' or 'train': a fixed function of the question text, identical on every machine."""
-    bucket = int.from_bytes(hashlib.sha256(question.encode("utf-8")).digest()[:8], "big") / 2**64
-    return "eval" if bucket < EVAL_SHARE else "train"
+    return "eval" if _hash_fraction(question) < EVAL_SHARE else "train"
 
 
 def load_synthetic(spec: str, split: str = "train", size: int | None = None) -> List[PromptRecord]:
@@ -194,13 +202,13 @@ def load_synthetic(spec: str, split: str = "train", size: int | None = None) -> 
     draws_without_new = 0
     while len(problems) < wanted and draws_without_new < EXHAUSTED_AFTER_DRAWS:
         question, answer = task.problem(rng)
-        if split_of(question) == split and question not in problems and task.keeps(answer):
+        if split_of(question) == split and question not in problems and task.keeps(question, answer):
             problems[question] = answer
             draws_without_new = 0
         else:
             draws_without_new += 1
     if not problems:
-        raise ValueError(f"{spec!r}: no {split} problem has an answer in [min_answer, max_answer]")
+        raise ValueError(f"{spec!r}: no {split} problem is in this part of the task")
     source = SPEC_PREFIX + spec.removeprefix(SPEC_PREFIX)
     return [
         PromptRecord(f"{source}/{split}/{i}", user_prompt(question), str(answer), source, {"split": split})

@@ -267,9 +267,12 @@ def supervised_warmup(hf_config: dict, tokenizer_name: str, task_spec: str, *, s
     return state
 
 
-def warmup_task_of(cfg, agent_cfg) -> str:
-    """The problems an agent is warmed up on: its own sft_warmup_task, else train.sft_warmup_task, else data.train."""
-    return agent_cfg.sft_warmup_task or cfg.train.sft_warmup_task or cfg.data.train
+def agent_warmup_plan(cfg, agent_cfg) -> Tuple[str, Optional[float]]:
+    """(the problems an agent is warmed up on, the accuracy that stops it): the agent's own sft_warmup_task and
+    sft_warmup_stop_accuracy where it sets them, else train's, else data.train and no early stop."""
+    task = agent_cfg.sft_warmup_task or cfg.train.sft_warmup_task or cfg.data.train
+    stop = agent_cfg.sft_warmup_stop_accuracy
+    return task, stop if stop is not None else cfg.train.sft_warmup_stop_accuracy
 
 
 def lr_factor(step: int, *, steps: int) -> float:

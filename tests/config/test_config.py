@@ -126,6 +126,7 @@ def test_updates_per_step_follow_the_algorithm(tmp_path, overrides, message):
         ("algorithm.name=gspo", None),
         ("rollout.temperature=0", "rollout.temperature: must be > 0"),
         ("train.sft_warmup_stop_accuracy=1.5", "train.sft_warmup_stop_accuracy: must be in (0, 1]"),
+        ("agents.b.sft_warmup_stop_accuracy=0", "agents.1.sft_warmup_stop_accuracy: must be in (0, 1]"),
     ],
 )
 def test_out_of_range_values_are_rejected(tmp_path, override, message):

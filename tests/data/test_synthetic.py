@@ -78,8 +78,16 @@ def test_answer_ranges_split_a_task_into_parts():
         assert {int(a) for a in large.values()} == {8, 9}
     middle = load_synthetic("synthetic:linear_equation?min_answer=-2&max_answer=2", "train")
     assert {int(r.ground_truth) for r in middle} == {-2, -1, 0, 1, 2}  # negative and zero bounds are allowed
-    with pytest.raises(ValueError, match="no train problem has an answer in"):
+    with pytest.raises(ValueError, match="no train problem is in this part"):
         load_synthetic("synthetic:largest?min_answer=10", "train")
+    # parts by a hash: disjoint, together the whole task, near-equal, each with problems of every answer
+    for split in ("train", "eval"):
+        whole = {r.question for r in load_synthetic("synthetic:largest", split)}
+        halves = [load_synthetic(f"synthetic:largest?parts=2&part={k}", split) for k in (1, 2)]
+        first, second = ({r.question for r in half} for half in halves)
+        assert first.isdisjoint(second) and first | second == whole
+        assert abs(len(first) - len(second)) < 0.15 * len(whole)
+        assert all({r.ground_truth for r in half} >= {"5", "6", "7", "8", "9"} for half in halves)
 
 
 @pytest.mark.parametrize(
@@ -87,6 +95,8 @@ def test_answer_ranges_split_a_task_into_parts():
     [
         ("synthetic:largest?min_answer=8&max_answer=7", "min_answer must be <= max_answer"),
         ("synthetic:largest?max_answer=x", "must be an integer"),
+        ("synthetic:largest?parts=2&part=3", "part must be one of 1..parts"),
+        ("synthetic:largest?parts=0", "must be >= 1"),
         ("synthetic:sudoku", "unknown synthetic task 'sudoku'"),
         ("synthetic:arithmetic?depth=3", "has no setting 'depth'"),
         ("synthetic:arithmetic?max_operand=big", "must be an integer"),

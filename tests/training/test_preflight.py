@@ -37,7 +37,7 @@ def test_an_agents_own_warmup_task_is_checked(tmp_path):
     with pytest.raises(InputError) as error:
         check_inputs(cfg, output_dir=str(tmp_path), resume=False)
     assert error.value.problems == ["agents.1 (b).sft_warmup_task: 'synthetic:largest?min_answer=10': "
-                                    "no train problem has an answer in [min_answer, max_answer]"]
+                                    "no train problem is in this part of the task"]
 
 
 def test_tokenizers_are_checked_once_the_files_are_fine(tmp_path):

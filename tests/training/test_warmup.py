@@ -190,11 +190,11 @@ def test_stops_at_the_first_check_that_reaches_the_accuracy(monkeypatch):
 def test_each_agent_may_be_warmed_up_on_its_own_problems():
     from hacpo_megatron.config import load_config
 
-    agents = ("agents=[{name: a, model: tiny-qwen3, tokenizer: qwen3, sft_warmup_task: 'synthetic:largest?max_answer=7'},"
-              " {name: b, model: tiny-qwen3, tokenizer: qwen3}]")
+    agents = ("agents=[{name: a, model: tiny-qwen3, tokenizer: qwen3, sft_warmup_task: 'synthetic:largest?part=1&parts=2',"
+              " sft_warmup_stop_accuracy: 0.5}, {name: b, model: tiny-qwen3, tokenizer: qwen3}]")
     cfg = load_config(None, [agents, "data.train=synthetic:largest"])
-    assert [warmup.warmup_task_of(cfg, agent) for agent in cfg.agents] == ["synthetic:largest?max_answer=7",
-                                                                           "synthetic:largest"]
-    cfg.train.sft_warmup_task = "synthetic:largest?min_answer=8"
-    assert [warmup.warmup_task_of(cfg, agent) for agent in cfg.agents] == ["synthetic:largest?max_answer=7",
-                                                                           "synthetic:largest?min_answer=8"]
+    assert [warmup.agent_warmup_plan(cfg, agent) for agent in cfg.agents] == [
+        ("synthetic:largest?part=1&parts=2", 0.5), ("synthetic:largest", None)]
+    cfg.train.sft_warmup_task, cfg.train.sft_warmup_stop_accuracy = "synthetic:largest?part=2&parts=2", 0.3
+    assert [warmup.agent_warmup_plan(cfg, agent) for agent in cfg.agents] == [
+        ("synthetic:largest?part=1&parts=2", 0.5), ("synthetic:largest?part=2&parts=2", 0.3)]
