@@ -124,7 +124,8 @@ def _word_problem(rng: random.Random, max_operand: int = 12, steps: int = 2) -> 
             f"How many pages did {name} read in all?", a * b + c)
 
 
-SELECTION_KEYS = ("part", "parts", "min_answer", "max_answer")  # settings every task takes (module docstring)
+ANSWER_BOUNDS = ("min_answer", "max_answer")  # any integers; every other setting is >= 1
+SELECTION_KEYS = ("part", "parts") + ANSWER_BOUNDS  # settings every task takes (module docstring)
 
 
 @dataclass(frozen=True)
@@ -171,7 +172,7 @@ def parse_task_spec(spec: str) -> SyntheticTask:
             number = int(value)
         except ValueError:
             raise ValueError(f"{spec!r}: setting {key!r} must be an integer, got {value!r}") from None
-        if number < 1 and key not in ("min_answer", "max_answer"):
+        if number < 1 and key not in ANSWER_BOUNDS:
             raise ValueError(f"{spec!r}: setting {key!r} must be >= 1, got {value!r}")
         (selection if key in SELECTION_KEYS else settings)[key] = number
     if selection.get("min_answer", -math.inf) > selection.get("max_answer", math.inf):
