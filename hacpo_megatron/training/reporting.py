@@ -375,6 +375,8 @@ class AgentSummary:
     last_eval: Optional[Tuple[int, float]]
     mean_time: Dict[str, Optional[float]]  # TIME_KEYS -> mean seconds over the agent's steps
     total_time_s: float  # sum of time/step: the time spent in steps (resumes' downtime excluded)
+    mean_train_flops_per_s: Optional[float] = None  # perf/model_flops_per_s: model FLOP/s of the updates
+    mean_mfu: Optional[float] = None  # perf/mfu: that as a fraction of the GEMM peak measured in the run
 
     @property
     def eval_change(self) -> Optional[float]:
@@ -387,10 +389,10 @@ def summarize_agent(metrics: RunMetrics, agent: str) -> AgentSummary:
     records = metrics.train.get(agent, [])
     reward_steps, rewards = metrics.series(agent, "reward_mean")
     eval_steps, accuracies = metrics.eval_accuracy.get(agent, ([], []))
-    mean_time = {}
-    for key in TIME_KEYS:
+    def mean(key: str) -> Optional[float]:
         values = metrics.series(agent, key)[1]
-        mean_time[key] = sum(values) / len(values) if values else None
+        return sum(values) / len(values) if values else None
+
     return AgentSummary(
         agent=agent,
         steps=len(records),
@@ -400,8 +402,10 @@ def summarize_agent(metrics: RunMetrics, agent: str) -> AgentSummary:
         last_reward=rewards[-1] if rewards else None,
         first_eval=(eval_steps[0], accuracies[0]) if eval_steps else None,
         last_eval=(eval_steps[-1], accuracies[-1]) if eval_steps else None,
-        mean_time=mean_time,
+        mean_time={key: mean(key) for key in TIME_KEYS},
         total_time_s=sum(metrics.series(agent, "time/step")[1]),
+        mean_train_flops_per_s=mean("perf/model_flops_per_s"),
+        mean_mfu=mean("perf/mfu"),
     )
 
 
@@ -419,6 +423,12 @@ def _duration(seconds: float) -> str:
     minutes, secs = divmod(int(round(seconds)), 60)
     hours, minutes = divmod(minutes, 60)
     return f"{hours}h{minutes:02d}m{secs:02d}s" if hours else f"{minutes}m{secs:02d}s"
+
+
+def _utilisation(summary: AgentSummary) -> str:
+    if summary.mean_train_flops_per_s is None or summary.mean_mfu is None:
+        return "n/a"
+    return f"{summary.mean_train_flops_per_s / 1e9:.1f} ({100 * summary.mean_mfu:.0f}%)"
 
 
 def _markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> List[str]:
@@ -442,8 +452,9 @@ def summary_markdown(metrics: RunMetrics, run_dir: PathLike = "", run_info: Opti
     lines += ["", "Mean seconds per step, by phase:", ""]
     phases = [key.split("/", 1)[1] for key in TIME_KEYS]
     lines += _markdown_table(
-        ["agent"] + phases + ["total wall time"],
-        [[s.agent] + [_number(s.mean_time[key], digits=2) for key in TIME_KEYS] + [_duration(s.total_time_s)]
+        ["agent"] + phases + ["total wall time", "train GFLOP/s (MFU)"],
+        [[s.agent] + [_number(s.mean_time[key], digits=2) for key in TIME_KEYS] + [_duration(s.total_time_s),
+                                                                                   _utilisation(s)]
          for s in summaries])
     prompts = (run_info or {}).get("prompts")
     if prompts:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import time
 from dataclasses import dataclass
 from functools import partial
 from typing import Dict, List, Optional, Sequence
@@ -38,6 +39,7 @@ from hacpo_megatron.models.logprobs import (
 )
 from hacpo_megatron.parallel.groups import world_collectives_within
 from hacpo_megatron.training.batch import SequenceRow, data_parallel_shard, micro_batches
+from hacpo_megatron.training.utilisation import gemm_peak_flops, training_flops
 
 
 @dataclass
@@ -112,6 +114,18 @@ class AgentTrainer:
             start_wd=hp.weight_decay, end_wd=hp.weight_decay, wd_incr_steps=decay_steps, wd_incr_style="constant",
         )
         self.steps_done = 0
+        self._gemm_peak: Optional[float] = None
+
+    @property
+    def gemm_peak(self) -> float:
+        """The agent's GEMM peak, FLOP/s (every rank alike): what "perf/mfu" is a fraction of. Timed at the
+        first update, when the run's other processes wait for the trainers (at start-up the engines are
+        loading and a CPU peak came out low)."""
+        if self._gemm_peak is None:
+            on_gpu = torch.cuda.is_available()
+            device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
+            self._gemm_peak = gemm_peak_flops(self.agent.config.params_dtype, device) * self.parallel.world_size
+        return self._gemm_peak
 
     # ------------------------------------------------------------------------------ log-probs
     def sequence_logprobs(self, sequences, *, max_sequences_per_micro_batch: Optional[int] = None) -> SequenceLogProbs:
@@ -139,6 +153,8 @@ class AgentTrainer:
         global_seqs = len(mini_batch)
         global_own_seqs = sum(not r.is_cross for r in mini_batch)
         global_tokens = sum(len(r.response_ids) for r in mini_batch)
+        peak = self.gemm_peak  # measured before the update's clock starts
+        start = time.perf_counter()
         shard = data_parallel_shard(mini_batch, self.parallel.dp_rank, self.parallel.dp_size)
         chunks = micro_batches(shard, self.hp.micro_batch_size)
         packed = [pack_sequences([(r.prompt_ids, r.response_ids) for r in chunk], range(len(chunk))) for chunk in chunks]
@@ -153,9 +169,13 @@ class AgentTrainer:
                                                                      loss_fn=loss_fn), forward_only=False) \
             if packed else self._finalize_without_data()
         success, grad_norm, _ = self.optimizer.step()
-        out = self._reduce_metrics(results)
+        out = self._reduce_metrics(results)  # its copy to the host also waits for a GPU's queued work
+        flops = training_flops(self.agent.arch, ((len(r.prompt_ids), len(r.response_ids)) for r in mini_batch))
+        flops_per_s = flops / (time.perf_counter() - start)
         out.update(update_index=float(update_index), grad_norm=float(grad_norm) if grad_norm is not None else math.nan,
-                   lr=float(self.optimizer.param_groups[0]["lr"]), update_skipped=float(not success))
+                   lr=float(self.optimizer.param_groups[0]["lr"]), update_skipped=float(not success),
+                   **{"perf/model_flops_per_s": flops_per_s, "perf/gemm_peak_flops_per_s": peak,
+                      "perf/mfu": flops_per_s / peak})
         return out
 
     def _finalize_without_data(self) -> list:

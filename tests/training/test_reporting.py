@@ -123,6 +123,19 @@ def test_summary_numbers(tmp_path):
     assert "| llama-tiny | 6 (0-5) | 0.050 | 0.300 | 0.050 (step 0) | 0.150 (step 4) | +0.100 |" in summary
 
 
+def test_summary_shows_the_updates_model_flops_and_mfu(tmp_path):
+    reporter = RunReporter(tmp_path, AGENTS, total_steps=2, tensorboard=False, plots=False, progress_bar=False)
+    for step, (flops, mfu) in enumerate([(2e9, 0.2), (4e9, 0.4)]):
+        reporter.log_step(step, [make_record("qwen3-tiny", step, **{"perf/model_flops_per_s": flops, "perf/mfu": mfu}),
+                                 make_record("llama-tiny", step)])  # a run without the figures: n/a
+    summary = reporter.close()
+    qwen = summarize_agent(load_run(tmp_path), "qwen3-tiny")
+    assert qwen.mean_train_flops_per_s == pytest.approx(3e9) and qwen.mean_mfu == pytest.approx(0.3)
+    assert "train GFLOP/s (MFU)" in summary
+    rows = {line.split(" | ")[0]: line for line in summary.splitlines() if "wall time" not in line}
+    assert rows["| qwen3-tiny"].endswith("| 3.0 (30%) |") and rows["| llama-tiny"].endswith("| n/a |")
+
+
 def test_resume_truncates_steps_from_start_step(tmp_path):
     write_run(tmp_path)  # steps 0..5, evals at 0 and 4
     write_run(tmp_path, steps=range(4, STEPS), start_step=4, evals={}, reward_offset=1.0)

@@ -55,6 +55,11 @@ def test_loss_trajectory_is_the_same_at_every_layout(run):
     assert metrics["num_own"] == 4 and metrics["num_cross"] == 4  # 2 prompts x G=2 per mini-batch
     # the source's old log-probs were set 0.1 below the learner's: cross ratios start near e^0.1 > 1, capped at 1
     assert metrics["cross_ratio_mean"] > 1 and metrics["cross_clip_frac_upper"] > 0
+    # utilisation: model FLOP/s of the update and its fraction of the GEMM peak measured at the trainer's start
+    for layout, report in layouts.items():
+        m = report["metrics"]
+        assert m["perf/model_flops_per_s"] > 0 and m["perf/gemm_peak_flops_per_s"] > 0, layout
+        assert m["perf/mfu"] == pytest.approx(m["perf/model_flops_per_s"] / m["perf/gemm_peak_flops_per_s"]), layout
 
 
 def test_every_agent_of_the_config_trains_and_its_objective_goes_down(run):

@@ -1,0 +1,43 @@
+"""Model FLOPs of an update against torch's own FLOP counter on the Hugging Face model, and the GEMM peak."""
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from hacpo_megatron.models.architectures import read_architecture
+from hacpo_megatron.training import utilisation
+from hacpo_megatron.training.utilisation import attention_flops, gemm_peak_flops, training_flops
+from tests.models.workers.reference import TEST_CONFIGS, hf_model
+
+
+@pytest.mark.parametrize("name", ["qwen3", "llama", "qwen2"])
+def test_training_flops_match_torchs_count_of_the_hf_models_forward_and_backward(name):
+    """FlopCounterMode counts every matmul the HF model runs forward and backward, here with logits at the
+    response positions only (`logits_to_keep`), as the trainer computes them. Its eager attention multiplies
+    the whole L x L square (the causal mask is applied after), where model FLOPs count the triangle: the
+    count is ours plus the other half of attention, three passes of it."""
+    model = hf_model(name)
+    model.config._attn_implementation = "eager"
+    arch = read_architecture(TEST_CONFIGS[name])
+    prompt, response = 29, 8
+    with FlopCounterMode(display=False) as counter:
+        logits = model(torch.randint(0, arch.vocab_size, (1, prompt + response)), logits_to_keep=response).logits
+        assert logits.shape[1] == response
+        logits.float().logsumexp(-1).sum().backward()
+    counted = counter.get_total_flops()
+    ours = training_flops(arch, [(prompt, response)])
+    assert counted == pytest.approx(ours + 3 * attention_flops(arch, prompt + response), rel=1e-9)
+    # packed sequences attend to themselves only: attention adds per sequence, the rest per token
+    assert training_flops(arch, [(prompt, response), (3, 2)]) == pytest.approx(ours + training_flops(arch, [(3, 2)]))
+    assert attention_flops(arch, 2 * prompt) == pytest.approx(4 * attention_flops(arch, prompt))
+
+
+def test_gemm_peak_is_the_fastest_trial(monkeypatch):
+    ticks = iter([0.0, 0.5, 1.0, 1.25, 2.0, 3.0])  # trials of 0.5 s, 0.25 s and 1.0 s
+    monkeypatch.setattr(utilisation.time, "perf_counter", lambda: next(ticks))
+    peak = gemm_peak_flops(torch.float32, torch.device("cpu"), size=64, trials=3)
+    assert peak == pytest.approx(2 * 64**3 / 0.25)
+
+
+def test_gemm_peak_of_this_cpu_is_a_plausible_rate():
+    peak = gemm_peak_flops(torch.float32, torch.device("cpu"), size=256)
+    assert 1e8 < peak < 1e13  # between a slow core and far more than a 2-core machine's fp32 peak
