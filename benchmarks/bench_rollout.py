@@ -23,7 +23,7 @@ de-quantised to fp32 once into .cache/models by `resolve_model_source`; 0.54 GB 
 Threads (--threads, default: every core this process may use): `torch.set_num_threads` here (the
 embedded engine); `VLLM_CPU_OMP_THREADS_BIND` = those cores for vLLM's worker, which then runs with
 OMP_NUM_THREADS = that count, OMP_PLACES = those cores, OMP_PROC_BIND=true (vLLM's default, "auto",
-would keep one of 2 cores for its scheduler); `HACPO_ENGINE_THREADS` for the engine actors.
+would keep one of 2 cores for its scheduler); the engine actors' `threads` (a run's `rollout.cpu_threads`).
 
 Figures on a shared machine vary with its load: the CPU, its cores and the load average before and
 after are recorded with them.
@@ -97,8 +97,7 @@ def set_threads(threads: int) -> Dict[str, Any]:
     bind = ",".join(str(core) for core in cores[:threads])
     torch.set_num_threads(threads)
     os.environ["VLLM_CPU_OMP_THREADS_BIND"] = bind  # the worker's OMP_NUM_THREADS/OMP_PLACES follow from it
-    os.environ["HACPO_ENGINE_THREADS"] = str(threads)  # EngineActor's torch threads
-    return dict(torch_threads=threads, VLLM_CPU_OMP_THREADS_BIND=bind, HACPO_ENGINE_THREADS=threads)
+    return dict(torch_threads=threads, VLLM_CPU_OMP_THREADS_BIND=bind, engine_actor_threads=threads)
 
 
 def quiet_libraries() -> None:
@@ -257,14 +256,14 @@ class PhaseTimer:
         self._time("finish", self.sender.finish_weight_update)
 
 
-def start_engine_actor(kind: str, hf_config: Dict, max_model_len: int):
+def start_engine_actor(kind: str, hf_config: Dict, max_model_len: int, threads: int):
     from hacpo_megatron.orchestrator.actors import ACTOR_OPTIONS, EngineActor, wait_until_alive
 
     kwargs = dict(max_model_len=max_model_len) if kind == "vllm" else None
     # no restart: a restarted engine has lost its weights, and a benchmark must fail rather than hide that
     options = dict(ACTOR_OPTIONS, max_restarts=0)
     start = time.perf_counter()
-    handle = EngineActor.options(**options).remote(kind, hf_config, TOKENIZER, 0, kwargs)
+    handle = EngineActor.options(**options).remote(kind, hf_config, TOKENIZER, 0, kwargs, threads)
     wait_until_alive(handle, timeout_s=600)
     return handle, time.perf_counter() - start
 
@@ -294,7 +293,7 @@ def bench_transports(kind: str, hf_config: Dict, versions, memcpy: MemcpyReferen
 
     from hacpo_megatron.orchestrator.weight_senders import make_sender
 
-    handle, startup = start_engine_actor(kind, hf_config, args.max_model_len)
+    handle, startup = start_engine_actor(kind, hf_config, args.max_model_len, args.threads)
     print(f"  {kind} engine actor: started in {startup:.1f} s", flush=True)
     result: Dict[str, Any] = dict(startup_s=startup)
     pushes = 0

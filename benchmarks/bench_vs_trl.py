@@ -40,7 +40,7 @@ The two sides:
   ours/engine    the same with `rollout.old_logprobs: engine` (the engine's own log-probs, after the trainer's
                  pass vouched for them on step 1): no old-log-prob pass on measured steps, as TRL.
   Both sides use `--threads` torch threads everywhere: TRL's process; this project's trainer rank
-  (`train.cpu_threads`) and engine actor (HACPO_ENGINE_THREADS). Evaluation, supervised warm-up,
+  (`train.cpu_threads`) and engine actor (`rollout.cpu_threads`). Evaluation, supervised warm-up,
   TensorBoard, plots and the progress bar are off; the final checkpoint (`checkpoint.save_every: 0` still
   saves at the end) is written after the last step and is not timed.
 
@@ -244,7 +244,7 @@ def ours_config(model: Dict[str, str], new_tokens: int, old_logprobs: str, args)
         "algorithm": {"name": "gspo", "clip_low": CLIP_LOW, "clip_high": CLIP_HIGH},
         "rollout": {"samples_per_prompt": SAMPLES_PER_PROMPT, "temperature": 1.0, "top_p": 1.0,
                     "max_prompt_length": MAX_PROMPT_LENGTH, "max_response_length": new_tokens,
-                    "old_logprobs": old_logprobs},
+                    "old_logprobs": old_logprobs, "cpu_threads": args.threads},
         "data": {"train": args.task, "eval": None, "prompt_batch_size": PROMPTS_PER_STEP, "eval_every": 0},
         "reward": {"num_workers": 1},
         "train": {"mini_batch_size": PROMPTS_PER_STEP, "micro_batch_size": args.micro_batch, "lr": LR,
@@ -263,9 +263,8 @@ def run_ours(model, new_tokens: int, old_logprobs: str, args, work: str, tag: st
     config = os.path.join(work, f"{tag}.yaml")
     with open(config, "w") as f:
         yaml.safe_dump(ours_config(model, new_tokens, old_logprobs, args), f, sort_keys=False)
-    env = dict(os.environ, HACPO_ENGINE_THREADS=str(args.threads))
     command = [sys.executable, "-m", "hacpo_megatron.launch", "--config", config, "--output-dir", run_dir]
-    _run_logged(command, env, os.path.join(work, f"{tag}.log"), args.timeout)
+    _run_logged(command, dict(os.environ), os.path.join(work, f"{tag}.log"), args.timeout)
     with open(os.path.join(run_dir, "metrics.jsonl")) as f:
         records = [json.loads(line) for line in f if line.strip()]
     result = summarize_ours(records, args.warmup)

@@ -278,7 +278,7 @@ def _validate(cfg: Config, where: _Where, errors: List[str]) -> None:
            f"G must be >= 2 (a group needs a spread of rewards), got {r.samples_per_prompt}")
     _check(r.temperature > 0, errors, where, ("rollout", "temperature"), f"must be > 0, got {r.temperature}")
     _check(0 < r.top_p <= 1, errors, where, ("rollout", "top_p"), f"must be in (0, 1], got {r.top_p}")
-    for key in ("max_prompt_length", "max_response_length"):
+    for key in ("max_prompt_length", "max_response_length", "cpu_threads"):
         _check(getattr(r, key) >= 1, errors, where, ("rollout", key), "must be >= 1")
     _check(0 < r.gpu_memory_utilization <= 1, errors, where, ("rollout", "gpu_memory_utilization"), "must be in (0, 1]")
 

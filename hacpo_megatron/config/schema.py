@@ -89,6 +89,10 @@ class RolloutConfig:
     # after the trainer's pass on the run's first step found them within a tenth of the clip range
     # (training/step_data.py: check_engine_logprobs), saving that pass on every later step
     old_logprobs: Literal["trainer", "engine"] = "trainer"
+    # torch threads of each engine actor's process on a CPU machine (the embedded engine samples with them;
+    # vLLM's CPU worker takes its own from VLLM_CPU_OMP_THREADS_BIND, docs/rollout.md). The step's phases
+    # alternate, so engines and trainer ranks take turns on the same cores (benchmarks/bench_threads.py)
+    cpu_threads: int = 1
 
 
 @dataclass

@@ -31,8 +31,8 @@ class EngineActor:
     """One agent's rollout engine, built from a Hugging Face config (weights arrive by weight sync)."""
 
     def __init__(self, kind: str, hf_config: Dict[str, Any], tokenizer_name: str, seed: int,
-                 engine_kwargs: Optional[Dict[str, Any]] = None):
-        torch.set_num_threads(int(os.environ.get("HACPO_ENGINE_THREADS", "1")))
+                 engine_kwargs: Optional[Dict[str, Any]] = None, threads: int = 1):
+        torch.set_num_threads(threads)
         from hacpo_megatron.bridge.tokenizers import eos_token_ids, load_tokenizer, pad_token_id
 
         tokenizer = load_tokenizer(tokenizer_name)

@@ -1,26 +1,18 @@
 """benchmarks/bench_vs_trl.py without TRL and without models: its summaries of both sides' step records, the
 table, the docs block, the config it gives this project's loop, the prompts it gives TRL, and the clear stop
 when .venv-bench is missing."""
-import importlib.util
 import json
 import math
-import sys
-from pathlib import Path
 
 import pytest
 import yaml
 
-REPO = Path(__file__).resolve().parents[2]
-SCRIPT = REPO / "benchmarks" / "bench_vs_trl.py"
+from tests.benchmarks.scripts import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_vs_trl", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("bench_vs_trl")
 
 
 def _ours_record(step, total, **phases):
