@@ -81,6 +81,13 @@ def mini_batches(rows: Sequence[SequenceRow], schedule: UpdateSchedule) -> List[
     return batches
 
 
+def rows_with_gradient(rows: Sequence[SequenceRow], *, kl_coef: float) -> List[SequenceRow]:
+    """The rows an update must run forward and backward: every policy loss here is the advantage times a
+    ratio term, so a row whose advantage is 0 adds exactly nothing to the gradient, unless the KL penalty
+    covers it (own rows when kl_coef > 0). The mini-batch means still divide by all rows."""
+    return [r for r in rows if r.advantage != 0 or (kl_coef > 0 and not r.is_cross)]
+
+
 def data_parallel_shard(rows: Sequence[SequenceRow], dp_rank: int, dp_size: int) -> List[SequenceRow]:
     """This data-parallel rank's rows: a contiguous, nearly equal share (sizes differ by at most one).
 

@@ -13,6 +13,11 @@ returned and makes DDP sum gradients; our finalize step passes no token count, s
 The KL penalty to the reference model (kl_coef > 0) covers the learner's own rows only, wherever they
 sit in a micro-batch, and is their mean: each micro-batch adds the sum over its own rows divided by
 the mini-batch's global own-row count.
+
+Rows whose advantage is 0 (a group all right or all wrong) carry no gradient: an update leaves them out
+of its forward and backward passes (batch.rows_with_gradient) but keeps them in the global row count,
+so the update is the same. Its ratio and clip statistics are over the rows it computed;
+`num_skipped_zero_advantage` counts the others.
 """
 from __future__ import annotations
 
@@ -38,7 +43,7 @@ from hacpo_megatron.models.logprobs import (
     run_schedule,
 )
 from hacpo_megatron.parallel.groups import world_collectives_within
-from hacpo_megatron.training.batch import SequenceRow, data_parallel_shard, micro_batches
+from hacpo_megatron.training.batch import SequenceRow, data_parallel_shard, micro_batches, rows_with_gradient
 from hacpo_megatron.training.utilisation import gemm_peak_flops, training_flops
 
 
@@ -155,7 +160,8 @@ class AgentTrainer:
         global_tokens = sum(len(r.response_ids) for r in mini_batch)
         peak = self.gemm_peak  # measured before the update's clock starts
         start = time.perf_counter()
-        shard = data_parallel_shard(mini_batch, self.parallel.dp_rank, self.parallel.dp_size)
+        computed = rows_with_gradient(mini_batch, kl_coef=self.hp.kl_coef)  # zero-advantage rows: no gradient
+        shard = data_parallel_shard(computed, self.parallel.dp_rank, self.parallel.dp_size)
         chunks = micro_batches(shard, self.hp.micro_batch_size)
         packed = [pack_sequences([(r.prompt_ids, r.response_ids) for r in chunk], range(len(chunk))) for chunk in chunks]
         loss_fn = partial(self._micro_batch_loss, chunks=dict(zip(map(id, packed), chunks)), update_index=update_index,
@@ -170,8 +176,10 @@ class AgentTrainer:
             if packed else self._finalize_without_data()
         success, grad_norm, _ = self.optimizer.step()
         out = self._reduce_metrics(results)  # its copy to the host also waits for a GPU's queued work
-        flops = training_flops(self.agent.arch, ((len(r.prompt_ids), len(r.response_ids)) for r in mini_batch))
+        flops = training_flops(self.agent.arch, ((len(r.prompt_ids), len(r.response_ids)) for r in computed))
         flops_per_s = flops / (time.perf_counter() - start)
+        out.update(num_own=float(global_own_seqs), num_cross=float(global_seqs - global_own_seqs),
+                   num_skipped_zero_advantage=float(global_seqs - len(computed)))
         out.update(update_index=float(update_index), grad_norm=float(grad_norm) if grad_norm is not None else math.nan,
                    lr=float(self.optimizer.param_groups[0]["lr"]), update_skipped=float(not success),
                    **{"perf/model_flops_per_s": flops_per_s, "perf/gemm_peak_flops_per_s": peak,
