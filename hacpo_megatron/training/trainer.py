@@ -31,7 +31,7 @@ from typing import Dict, List, Optional, Sequence
 import torch
 import torch.distributed as dist
 
-from hacpo_megatron.algorithms import POLICY_LOSSES, AlgorithmSpec, low_var_kl_penalty
+from hacpo_megatron.algorithms import POLICY_LOSSES, AlgorithmSpec, cross_clip_lower_bound, low_var_kl_penalty
 from hacpo_megatron.models import cpu_compat
 from hacpo_megatron.models.build import AgentModel
 from hacpo_megatron.models.logprobs import (
@@ -178,8 +178,13 @@ class AgentTrainer:
         out = self._reduce_metrics(results)  # its copy to the host also waits for a GPU's queued work
         flops = training_flops(self.agent.arch, ((len(r.prompt_ids), len(r.response_ids)) for r in computed))
         flops_per_s = flops / (time.perf_counter() - start)
-        out.update(num_own=float(global_own_seqs), num_cross=float(global_seqs - global_own_seqs),
+        # rows as the loss sees them: only HACPO's tells other agents' rows apart (Naive's GSPO takes them as own)
+        num_cross = global_seqs - global_own_seqs if self.spec.policy_loss == "hacpo" else 0
+        out.update(num_own=float(global_seqs - num_cross), num_cross=float(num_cross),
                    num_skipped_zero_advantage=float(global_seqs - len(computed)))
+        if self.spec.policy_loss == "hacpo":
+            out["cross_clip_lower_bound"] = cross_clip_lower_bound(update_index, self.hp.delta, self.hp.delta_step,
+                                                                   stepwise=self.spec.stepwise_clip)
         out.update(update_index=float(update_index), grad_norm=float(grad_norm) if grad_norm is not None else math.nan,
                    lr=float(self.optimizer.param_groups[0]["lr"]), update_skipped=float(not success),
                    **{"perf/model_flops_per_s": flops_per_s, "perf/gemm_peak_flops_per_s": peak,
@@ -223,16 +228,15 @@ class AgentTrainer:
             kl = low_var_kl_penalty(logp[own], ref, mask[own], num_global_seqs=global_own_seqs)
             loss = loss + hp.kl_coef * kl
             metrics["kl"] = float(kl.detach()) * global_own_seqs  # a sum over own rows; _reduce_metrics divides
-        n = float(len(rows))
-        weighted = {k: torch.tensor(v * _weight(k, metrics, n)) for k, v in metrics.items() if not math.isnan(v)}
+        weighted = {k: torch.tensor(v * _weight(k, metrics, float(len(rows)))) for k, v in metrics.items()
+                    if not math.isnan(v) and k != "cross_clip_lower_bound"}  # _update sets the bound itself
         weighted["loss"] = loss.detach().float().cpu()
-        weighted["rows"] = torch.tensor(n)
         return loss, torch.ones((), dtype=torch.int), weighted
 
     def _reduce_metrics(self, results: list) -> Dict[str, float]:
         """Sum the micro-batch metrics over micro-batches and data-parallel replicas; same on every rank."""
-        keys = ("loss", "rows", "own_ratio_mean", "cross_ratio_mean", "own_clip_frac_lower", "own_clip_frac_upper",
-                "cross_clip_frac_lower", "cross_clip_frac_upper", "num_own", "num_cross", "kl", "cross_clip_lower_bound")
+        keys = ("loss", "own_ratio_mean", "cross_ratio_mean", "own_clip_frac_lower", "own_clip_frac_upper",
+                "cross_clip_frac_lower", "cross_clip_frac_upper", "num_own", "num_cross", "kl")
         totals = torch.zeros(len(keys), dtype=torch.float64)
         for result in results:
             for i, key in enumerate(keys):
@@ -253,16 +257,12 @@ class AgentTrainer:
             out[key] = t[key] / t["num_cross"] if t["num_cross"] else math.nan
         if self.hp.kl_coef > 0:
             out["kl"] = t["kl"] / t["num_own"] if t["num_own"] else math.nan
-        if self.spec.policy_loss == "hacpo":  # the same value in every micro-batch: their mean is it
-            out["cross_clip_lower_bound"] = t["cross_clip_lower_bound"] / t["rows"] if t["rows"] else math.nan
         return out
 
 
 def _weight(key: str, metrics: Dict[str, float], n: float) -> float:
-    """Metrics are means over own or cross rows (or, the clip bound, over all rows); weight them by their
-    row counts to sum them. `kl` is already a sum."""
-    if key == "cross_clip_lower_bound":
-        return n
+    """Metrics are means over own or cross rows; weight them by their row counts to sum them. `kl` is
+    already a sum."""
     if key.startswith("own_"):
         return metrics.get("num_own", n)
     if key.startswith("cross_"):
