@@ -425,6 +425,19 @@ def cell_status_text(result: CellResult) -> str:
     return "not started"
 
 
+def code_version(folder: str) -> str:
+    """The git commit of the code in `folder`, and whether tracked files differ from it: a cell reproduces
+    its numbers with the same code (a change as small as the order of a sum can make a run drift)."""
+    def git(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["git", "-C", folder, *args], capture_output=True, text=True)
+
+    head = git("rev-parse", "HEAD")
+    if head.returncode != 0:
+        return "not a git checkout"
+    changed = git("status", "--porcelain", "--untracked-files=no").stdout.strip()
+    return f"commit {head.stdout.strip()[:12]}" + (" with uncommitted changes" if changed else "")
+
+
 def results_markdown(results: Sequence[CellResult], labels: Sequence[str], baseline: Optional[str],
                      rerun: Mapping[str, str], *, base_config: str, seeds: Sequence[int], workdir: str,
                      study_command: Optional[str] = None) -> str:
@@ -432,7 +445,8 @@ def results_markdown(results: Sequence[CellResult], labels: Sequence[str], basel
     lines = ["# Study results", "",
              f"Written {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC. Base config "
              f"`{base_config}`, seeds {', '.join(map(str, seeds))}"
-             + (f", baseline `{baseline}`." if baseline else "."), ""]
+             + (f", baseline `{baseline}`." if baseline else ".")
+             + f" Code: {code_version(workdir)} (`{workdir}`).", ""]
     if study_command:
         lines += [f"The study: `{study_command}`", ""]
     lines += [
@@ -463,7 +477,8 @@ def results_markdown(results: Sequence[CellResult], labels: Sequence[str], basel
     lines += ["", "## Rerun a cell", "",
               f"To redo one cell in a fresh folder: the study's command plus `--only LABEL:SEED --out OTHER`, or "
               f"the cell's launcher command below (run from `{workdir}`) with another `--output-dir`. On CPU a run "
-              "is deterministic for its seed: either reproduces the cell's metrics.jsonl (all but timings).",
+              "is deterministic for its seed and code: either reproduces the cell's metrics.jsonl (all but "
+              "timings) with the code named above.",
               "", "```"]
     lines += [f"# {name}\n{command}" for name, command in rerun.items()]
     lines += ["```"]

@@ -3,7 +3,9 @@ table's statistics against numpy, resume and skip decisions, failures, preemptio
 import importlib.util
 import json
 import math
+import os
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -150,6 +152,7 @@ def test_table_values_paired_differences_and_plot(tool, tmp_path):
     assert f"| hacpo - gspo | llama-tiny | {mean:+.3f} ± {half:.3f} |" in text
     assert "| gspo | 3 | not started: no checkpoint (logged up to step 1) | ran fresh, failed (exit 1) |" in text
     assert "--only LABEL:SEED" in text and f"--output-dir {tmp_path / 'hacpo' / 'seed2'}" in text
+    assert f"Code: {tool.code_version(os.getcwd())} (`{os.getcwd()}`)" in text
     plot = tmp_path / "accuracy.png"
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and plot.stat().st_size > 10_000
 
@@ -350,3 +353,20 @@ def test_default_runner_logs_and_returns_the_exit_code(tool, tmp_path):
     assert tool.run_launcher(command, log) == 3
     text = log.read_text()
     assert "hello from the cell" in text and text.lstrip().startswith("===")
+
+
+def test_code_version_names_the_commit_and_uncommitted_changes(tool, tmp_path):
+    def git(*args):
+        subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True)
+
+    assert tool.code_version(str(tmp_path)) == "not a git checkout"
+    git("init", "-q")
+    (tmp_path / "a.py").write_text("x = 1\n")
+    git("add", "a.py")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "c")
+    head = subprocess.run(["git", "-C", str(tmp_path), "rev-parse", "HEAD"], capture_output=True, text=True).stdout
+    assert tool.code_version(str(tmp_path)) == f"commit {head.strip()[:12]}"
+    (tmp_path / "notes.txt").write_text("untracked files are no code change\n")
+    assert tool.code_version(str(tmp_path)) == f"commit {head.strip()[:12]}"
+    (tmp_path / "a.py").write_text("x = 2\n")
+    assert tool.code_version(str(tmp_path)) == f"commit {head.strip()[:12]} with uncommitted changes"
