@@ -15,13 +15,10 @@ import sys
 import torch
 
 from hacpo_megatron.algorithms.registry import algorithm_spec
-from hacpo_megatron.checkpoint.hf_mapping import load_hf_state_dict_into_model
-from hacpo_megatron.config.schema import AgentConfig, AlgorithmConfig, ParallelConfig
-from hacpo_megatron.models.build import build_agent_model
-from hacpo_megatron.parallel.groups import create_agent_groups, init_distributed
+from hacpo_megatron.config.schema import AlgorithmConfig
 from hacpo_megatron.training.batch import SequenceRow
 from hacpo_megatron.training.trainer import AgentTrainer, TrainHyperparams
-from tests.models.workers.reference import TEST_CONFIGS, hf_model
+from tests.training.workers.one_rank import one_rank_world, qwen3_agent, random_sequences
 
 UPDATES = 3
 
@@ -34,19 +31,12 @@ def rows_for(trainer, sequences, advantages):
 
 
 def main(out_path: str) -> None:
-    init_distributed()
-    hf_config = TEST_CONFIGS["qwen3"]
-    [parallel] = create_agent_groups([AgentConfig(name="a", model="x", parallel=ParallelConfig(first_rank=0))])
-    weights = {k: v.detach().clone() for k, v in hf_model("qwen3").state_dict().items()}
-    g = torch.Generator().manual_seed(0)
-    vocab = hf_config["vocab_size"]
-    sequences = [(torch.randint(2, vocab, (6,), generator=g).tolist(), torch.randint(2, vocab, (10,), generator=g).tolist())
-                 for _ in range(8)]
+    parallel, weights = one_rank_world()
+    sequences = random_sequences(8, 6, 10)
     advantages = [1.0, -1.0] * 4
     report = {}
     for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
-        agent = build_agent_model(hf_config, parallel, seed=1, params_dtype=dtype)
-        load_hf_state_dict_into_model(agent.model, weights, hf_config, parallel)
+        agent = qwen3_agent(parallel, weights, dtype)
         # Every update is on-policy (old log-probs taken just before it, same dtype): ratio 1, no clipping.
         trainer = AgentTrainer(agent, algorithm_spec(AlgorithmConfig(name="gspo")),
                                TrainHyperparams(lr=1e-3, micro_batch_size=3, total_steps=UPDATES))

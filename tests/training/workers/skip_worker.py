@@ -14,30 +14,20 @@ import sys
 import torch
 
 from hacpo_megatron.algorithms.registry import algorithm_spec
-from hacpo_megatron.checkpoint.hf_mapping import load_hf_state_dict_into_model
-from hacpo_megatron.config.schema import AgentConfig, AlgorithmConfig, ParallelConfig
-from hacpo_megatron.models.build import build_agent_model
-from hacpo_megatron.parallel.groups import create_agent_groups, init_distributed
+from hacpo_megatron.config.schema import AlgorithmConfig
 from hacpo_megatron.training import trainer as trainer_module
 from hacpo_megatron.training.batch import SequenceRow
 from hacpo_megatron.training.trainer import AgentTrainer, TrainHyperparams
-from tests.models.workers.reference import TEST_CONFIGS, hf_model
+from tests.training.workers.one_rank import one_rank_world, qwen3_agent, random_sequences
 
 
 def main(out_path: str) -> None:
-    init_distributed()
-    hf_config = TEST_CONFIGS["qwen3"]
-    [parallel] = create_agent_groups([AgentConfig(name="a", model="x", parallel=ParallelConfig(first_rank=0))])
-    weights = {k: v.detach().clone() for k, v in hf_model("qwen3").state_dict().items()}
-    g = torch.Generator().manual_seed(0)
-    vocab = hf_config["vocab_size"]
-    sequences = [(torch.randint(2, vocab, (5,), generator=g).tolist(), torch.randint(2, vocab, (7,), generator=g).tolist())
-                 for _ in range(12)]
+    parallel, weights = one_rank_world()
+    sequences = random_sequences(12, 5, 7)
     advantages = [1.0, 0.0, -0.5, 0.0, 0.0, 0.75, 0.0, -1.0, 0.0, 0.25, 0.0, 0.0]
     report = {}
     for name, skip in (("skipping", True), ("computing_all", False)):
-        agent = build_agent_model(hf_config, parallel, seed=1)
-        load_hf_state_dict_into_model(agent.model, weights, hf_config, parallel)
+        agent = qwen3_agent(parallel, weights)
         trainer = AgentTrainer(agent, algorithm_spec(AlgorithmConfig(name="hacpo")),
                                TrainHyperparams(lr=1e-2, micro_batch_size=4, total_steps=2))
         if not skip:
