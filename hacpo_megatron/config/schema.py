@@ -121,6 +121,10 @@ class TrainConfig:
     # with S * B * G' rows makes M = S * B * G' / (mini_batch_size * G) updates (training/batch.py).
     mini_batch_size: int = 64
     micro_batch_size: int = 4  # sequences per forward/backward
+    # The responses to one prompt share a row of a micro-batch: the prompt is computed once for all of them,
+    # each response attends to it and to itself only (exact; models/logprobs.py). Applies where the attention
+    # takes a mask (megatron's local layers); with Transformer Engine's, one sequence per row as with false.
+    share_prompts: bool = True
     lr: float = 1e-6
     min_lr: float = 0.0
     lr_warmup_steps: int = 0

@@ -21,6 +21,7 @@ from hacpo_megatron.models.architectures import (
     layer_spec,
     read_architecture,
     transformer_config,
+    transformer_engine_available,
 )
 from hacpo_megatron.parallel.groups import AgentParallel
 
@@ -43,6 +44,10 @@ class AgentModel:
     arch: Architecture
     parallel: AgentParallel
     padded_vocab_size: int  # rows of the embedding/output layer across all TP shards
+    # megatron's local attention with its unfused softmax applies a given mask (the fused causal kernel
+    # ignores it) and the unfused RoPE takes per-row positions, so responses can share their prompt's row
+    # (models/logprobs.py); Transformer Engine's layers are not set up for that here
+    takes_attention_mask: bool = False
 
     @property
     def config(self) -> Any:
@@ -110,6 +115,8 @@ def build_agent_model(
         params_dtype=params_dtype, **config_overrides,
     )
     vocab = padded_vocab_size(arch.vocab_size, parallel.tp_size)
+    if use_transformer_engine is None:
+        use_transformer_engine = transformer_engine_available()
     model = GPTModel(
         config=config,
         transformer_layer_spec=layer_spec(arch, use_transformer_engine=use_transformer_engine),
@@ -131,7 +138,9 @@ def build_agent_model(
         model.to(config.params_dtype)
     if torch.cuda.is_available():
         model.cuda(torch.cuda.current_device())
-    return AgentModel(model=model, arch=arch, parallel=parallel, padded_vocab_size=vocab)
+    return AgentModel(model=model, arch=arch, parallel=parallel, padded_vocab_size=vocab,
+                      takes_attention_mask=not (use_transformer_engine or config.apply_rope_fusion
+                                                 or config.masked_softmax_fusion))
 
 
 def _apply_llama3_rope_scaling(model: Any, arch: Architecture) -> None:

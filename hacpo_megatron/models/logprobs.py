@@ -2,24 +2,26 @@
 
 The math (`token_logprobs_from_logits`) is separate from the plumbing:
 
-    sequences (prompt ids, response ids)  ->  pack_sequences   ->  padded tokens [N, S] + masks
-                                          ->  micro_batches    ->  bounded memory per forward
+    sequences (prompt ids, response ids)  ->  micro-batches    ->  bounded memory per forward
+                                          ->  pack_sequences   ->  padded rows (optionally one per prompt)
                                           ->  megatron's pipeline schedule (forward_step below)
-                                          ->  last stage: vocab-parallel log-softmax at the targets
+                                          ->  last stage: vocab-parallel log-softmax at the response tokens
                                           ->  broadcast to every pipeline stage
                                           ->  SequenceLogProbs: per-token [N, T], sums, lengths
 
-Sequences are right-padded. Under the causal mask a real token attends only to earlier positions,
+Rows are right-padded. Under the causal mask a real token attends only to earlier positions,
 which are all real, so padding never enters a real token's context and no extra mask is needed.
+Rows with shared prompts carry their own mask (PackedBatch).
 
 Temperature: rollout engines (vLLM, SGLang) sample from softmax(logits / T), so the log-probs of
 those samples, old and new, are log_softmax(logits / T).
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -66,59 +68,101 @@ def token_logprobs_from_logits(
 
 
 # ------------------------------------------------------------------------------------------------
-# Packing: lists of token ids -> padded tensors
+# Packing: lists of token ids -> padded rows
 # ------------------------------------------------------------------------------------------------
 @dataclass
 class PackedBatch:
-    """Right-padded sequences. Position t's logits predict `targets[:, t]` = tokens[:, t + 1]."""
+    """Sequences laid out in right-padded rows, one sequence per row or, with shared prompts, all the
+    sequences of one prompt in one row: the prompt once, then each response in turn.
 
-    tokens: torch.Tensor  # [n, S] long, padded with `pad_id`
-    position_ids: torch.Tensor  # [n, S]
-    targets: torch.Tensor  # [n, S] next token (pad after the end)
-    response_mask: torch.Tensor  # [n, S] bool: target is a response token
-    prompt_lengths: torch.Tensor  # [n]
+    A row [prompt, response 1, response 2, ...] computes the prompt once for all its responses. Each
+    response sees the prompt and its own earlier tokens and nothing else (`attention_mask`), and its
+    tokens keep the positions they have in the plain sequence (prompt 0..P-1, every response P..P+L-1:
+    `position_ids`, which RoPE reads through `rotary_at_positions`). So every response token gets the
+    log-prob it gets in a row of its own, up to the order of floating-point sums.
+    """
+
+    tokens: torch.Tensor  # [rows, S] long, padded with `pad_id`
+    position_ids: torch.Tensor  # [rows, S]
+    attention_mask: Optional[torch.Tensor]  # [rows, 1, S, S] bool, True: may not attend. None: causal
+    logit_rows: torch.Tensor  # [T] the row and ...
+    logit_positions: torch.Tensor  # [T] ... the position whose logits predict each response token
+    targets: torch.Tensor  # [T] the response tokens: sequence by sequence, token by token
     response_lengths: torch.Tensor  # [n]
-    indices: torch.Tensor  # [n] rows of the caller's batch these sequences are
+    indices: torch.Tensor  # [n] positions in the caller's list of the sequences, in `targets`' order
+    layout: List[Tuple[int, List[int]]]  # per row: (prompt length, response lengths)
 
     @property
     def num_sequences(self) -> int:
-        return self.tokens.shape[0]
+        return len(self.indices)
 
-    def response_logprobs(self, position_logprobs: torch.Tensor, max_response_length: int) -> torch.Tensor:
-        """[n, S] log-probs at positions -> [n, T] aligned with the response tokens (0 at padding)."""
+    def response_logprobs(self, token_logprobs: torch.Tensor, max_response_length: int) -> torch.Tensor:
+        """[T] log-probs of the response tokens -> [n, max_response_length] (0 at padding)."""
         n = self.num_sequences
-        out = position_logprobs.new_zeros(n, max_response_length)
-        j = torch.arange(max_response_length, device=out.device).expand(n, -1)
-        valid = j < self.response_lengths.unsqueeze(1)
-        # response token j sits at position P + j and is predicted at position P + j - 1
-        positions = (self.prompt_lengths.unsqueeze(1) - 1 + j).clamp(max=position_logprobs.shape[1] - 1)
-        gathered = position_logprobs.gather(1, positions)
-        return torch.where(valid, gathered, out)
+        valid = torch.arange(max_response_length, device=token_logprobs.device).expand(n, -1) \
+            < self.response_lengths.to(token_logprobs.device).unsqueeze(1)
+        out = token_logprobs.new_zeros(n, max_response_length)
+        return out.masked_scatter(valid, token_logprobs)
 
 
-def pack_sequences(sequences: Sequence[PromptResponse], indices: Sequence[int], pad_id: int = 0) -> PackedBatch:
-    """Right-pad `sequences[i] for i in indices` into one batch."""
-    rows = [list(sequences[i][0]) + list(sequences[i][1]) for i in indices]
-    prompt_lengths = torch.tensor([len(sequences[i][0]) for i in indices])
-    response_lengths = torch.tensor([len(sequences[i][1]) for i in indices])
-    if (prompt_lengths < 1).any():
-        raise ValueError("every sequence needs at least one prompt token (the first response token's context)")
-    width = max(len(r) for r in rows)
+def pack_sequences(sequences: Sequence[PromptResponse], indices: Sequence[int], pad_id: int = 0, *,
+                   share_prompts: bool = False) -> PackedBatch:
+    """Right-pad `sequences[i] for i in indices` into rows: one per sequence, or with `share_prompts` one per
+    distinct prompt (in order of first appearance), holding every response to it."""
+    indices = list(indices)
+    groups: Dict[Tuple[int, ...], List[int]] = {}
+    for i in indices:
+        prompt = tuple(sequences[i][0])
+        if not prompt:
+            raise ValueError("every sequence needs at least one prompt token (the first response token's context)")
+        groups.setdefault(prompt if share_prompts else (i,), []).append(i)
+    rows = [(list(sequences[members[0]][0]), members) for members in groups.values()]
+    width = max(len(prompt) + sum(len(sequences[i][1]) for i in members) for prompt, members in rows)
+    shared = any(len(members) > 1 for _, members in rows)
+
     tokens = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    for n, row in enumerate(rows):
-        tokens[n, : len(row)] = torch.tensor(row, dtype=torch.long)
-    targets = torch.full_like(tokens, pad_id)
-    targets[:, :-1] = tokens[:, 1:]
-    t = torch.arange(width).expand(len(rows), -1)
-    target_position = t + 1
-    response_mask = (target_position >= prompt_lengths.unsqueeze(1)) & (
-        target_position < (prompt_lengths + response_lengths).unsqueeze(1)
-    )
+    position_ids = torch.arange(width).repeat(len(rows), 1)
+    segment = torch.full((len(rows), width), -1, dtype=torch.long)  # 0 prompt, a + 1 response a, -1 padding
+    logit_rows, logit_positions, targets, order, layout = [], [], [], [], []
+    for row, (prompt, members) in enumerate(rows):
+        P = len(prompt)
+        tokens[row, :P] = torch.tensor(prompt)
+        segment[row, :P] = 0
+        start = P
+        for a, i in enumerate(members):
+            response = list(sequences[i][1])
+            L = len(response)
+            tokens[row, start:start + L] = torch.tensor(response, dtype=torch.long)
+            position_ids[row, start:start + L] = torch.arange(P, P + L)
+            segment[row, start:start + L] = a + 1
+            # token 0 is predicted by the prompt's last position, token j > 0 by the response's token j - 1
+            logit_positions += [P - 1] + list(range(start, start + L - 1))
+            logit_rows += [row] * L
+            targets += response
+            order.append(i)
+            start += L
+        layout.append((P, [len(sequences[i][1]) for i in members]))
+    attention_mask = None
+    if shared:
+        causal = torch.ones(width, width, dtype=torch.bool).tril()
+        visible = (segment[:, None, :] == 0) | (segment[:, None, :] == segment[:, :, None])  # [rows, query, key]
+        attention_mask = ~(causal & visible).unsqueeze(1)
     return PackedBatch(
-        tokens=tokens, position_ids=t.clone(), targets=targets, response_mask=response_mask,
-        prompt_lengths=prompt_lengths, response_lengths=response_lengths,
-        indices=torch.tensor(list(indices), dtype=torch.long),
+        tokens=tokens, position_ids=position_ids, attention_mask=attention_mask,
+        logit_rows=torch.tensor(logit_rows, dtype=torch.long), logit_positions=torch.tensor(logit_positions, dtype=torch.long),
+        targets=torch.tensor(targets, dtype=torch.long),
+        response_lengths=torch.tensor([len(sequences[i][1]) for i in order], dtype=torch.long),
+        indices=torch.tensor(order, dtype=torch.long), layout=layout,
     )
+
+
+def prompt_grouped(sequences: Sequence[PromptResponse], max_sequences: Optional[int]) -> List[List[int]]:
+    """Micro-batches of <= max_sequences indices with the sequences of one prompt next to each other, so that
+    shared-prompt rows hold as many responses as a micro-batch allows."""
+    first_seen: Dict[Tuple[int, ...], int] = {}
+    order = sorted(range(len(sequences)), key=lambda i: first_seen.setdefault(tuple(sequences[i][0]), i))
+    size = max_sequences or len(order)
+    return [order[k:k + size] for k in range(0, len(order), size)]
 
 
 def micro_batch_indices(
@@ -165,7 +209,7 @@ class SequenceLogProbs:
 # ------------------------------------------------------------------------------------------------
 # Plumbing: megatron's schedule
 # ------------------------------------------------------------------------------------------------
-# A loss on one micro-batch: (per-position log-probs [n, S], the micro-batch) -> what megatron's
+# A loss on one micro-batch: (log-probs of its response tokens [T], the micro-batch) -> what megatron's
 # loss_func returns: (loss, num_tokens, metrics) or (loss, metrics). None: inference only.
 MicroBatchLoss = Callable[[torch.Tensor, PackedBatch], Tuple[Any, ...]]
 
@@ -174,47 +218,81 @@ def make_forward_step(agent: AgentModel, *, temperature: float = 1.0,
                       loss_fn: Optional[MicroBatchLoss] = None) -> Callable[..., Any]:
     """The `forward_step_func` megatron's schedules call once per micro-batch.
 
-    On the last stage the logits become per-position log-probs; with `loss_fn` those feed the loss
-    (training), without it they are returned as the micro-batch's result (inference).
+    On the last stage the logits become the log-probs of the response tokens; with `loss_fn` those feed
+    the loss (training), without it they are returned as the micro-batch's result (inference).
     """
     tp_group = agent.parallel.tp_group
 
     def loss_func(micro_batch: PackedBatch, response_logits: torch.Tensor) -> Tuple[Any, ...]:
-        # response_logits [T, 1, V/TP]: only the positions that predict a response token
-        mask = micro_batch.response_mask.to(response_logits.device)
-        response_logprobs = token_logprobs_from_logits(
-            response_logits[:, 0], micro_batch.targets.to(response_logits.device)[mask], temperature=temperature,
+        # response_logits [T, 1, V/TP]: one row per response token, at the position that predicts it
+        token_logprobs = token_logprobs_from_logits(
+            response_logits[:, 0], micro_batch.targets.to(response_logits.device), temperature=temperature,
             vocab_size=agent.vocab_size, tp_group=tp_group,
         )
-        position_logprobs = torch.zeros(mask.shape, dtype=response_logprobs.dtype,
-                                        device=mask.device).masked_scatter(mask, response_logprobs)
         if loss_fn is not None:
-            return loss_fn(position_logprobs, micro_batch)
+            return loss_fn(token_logprobs, micro_batch)
         zero = torch.zeros((), device=response_logits.device)
-        return zero, {"position_logprobs": position_logprobs.detach(), "micro_batch": micro_batch}
+        return zero, {"token_logprobs": token_logprobs.detach(), "micro_batch": micro_batch}
 
     def forward_step(data_iterator: Iterator[PackedBatch], model: Any) -> Tuple[torch.Tensor, Callable]:
         micro_batch = next(data_iterator)
         device = _model_device(model)
-        output = model(micro_batch.tokens.to(device), micro_batch.position_ids.to(device), attention_mask=None,
-                       output_processor=_response_positions_logits,
-                       output_processor_context=micro_batch.response_mask.to(device))
+        mask = micro_batch.attention_mask
+        with rotary_at_positions(model, micro_batch.position_ids.to(device) if mask is not None else None):
+            output = model(micro_batch.tokens.to(device), micro_batch.position_ids.to(device),
+                           attention_mask=mask.to(device) if mask is not None else None,
+                           output_processor=_response_positions_logits,
+                           output_processor_context=(micro_batch.logit_rows.to(device),
+                                                     micro_batch.logit_positions.to(device)))
         return output, partial(loss_func, micro_batch)
 
     return forward_step
 
 
 def _response_positions_logits(*, hidden_states: torch.Tensor, output_layer: Any, output_weight: Any,
-                               context: torch.Tensor, **_unused: Any) -> torch.Tensor:
+                               context: Tuple[torch.Tensor, torch.Tensor], **_unused: Any) -> torch.Tensor:
     """GPTModel's output hook: logits only where a response token is predicted.
 
     The output layer (hidden x vocabulary) is most of a small model's cost, and prompts are most of
     an RL sequence; computing it for the response positions alone is exact and several times cheaper.
-    hidden_states [S, n, h] -> [T, 1, V/TP], T = number of True entries of `context` ([n, S]).
+    hidden_states [S, rows, h] -> [T, 1, V/TP] at context = (rows [T], positions [T]); with shared
+    prompts the prompt's last position appears once per response it starts.
     """
-    selected = hidden_states.transpose(0, 1)[context].unsqueeze(1)
+    rows, positions = context
+    selected = hidden_states[positions, rows].unsqueeze(1)
     logits, _ = output_layer(selected, weight=output_weight, runtime_gather_output=False)
     return logits
+
+
+@contextmanager
+def rotary_at_positions(model: Any, position_ids: Optional[torch.Tensor]) -> Iterator[None]:
+    """Make the model's RoPE rotate each token by its entry of `position_ids` [rows, S] (None: by its index
+    in the row, megatron's own behaviour) for the forward passes inside the block.
+
+    Megatron's GPTModel rotates token t of every row by t. Shared-prompt rows need the positions the tokens
+    have in their own sequence; the unfused RoPE kernel takes per-row frequencies ([S, rows, 1, dim], as
+    for mRoPE), so the model's rotary module returns those instead. The backward pass needs nothing from
+    here (the rotation's cos/sin are saved by autograd).
+    """
+    gpt = _unwrap(model)
+    rotary = getattr(gpt, "rotary_pos_emb", None)
+    if position_ids is None or rotary is None:
+        yield
+        return
+    table = rotary.get_emb(int(position_ids.max()) + 1)[:, 0, 0, :]  # [positions, dim], llama3 scaling included
+    freqs = table[position_ids.transpose(0, 1)].unsqueeze(2)  # [S, rows, 1, dim]
+    rotary.forward = lambda *args, **kwargs: freqs
+    try:
+        yield
+    finally:
+        del rotary.forward  # back to the class's forward
+
+
+def _unwrap(model: Any) -> Any:
+    """The GPTModel inside megatron's DDP / Float16Module wrappers."""
+    while hasattr(model, "module"):
+        model = model.module
+    return model
 
 
 def run_schedule(agent: AgentModel, micro_batches: List[PackedBatch], forward_step: Callable[..., Any],
@@ -248,22 +326,25 @@ def compute_sequence_logprobs(
     temperature: float = 1.0,
     max_sequences_per_micro_batch: Optional[int] = 8,
     max_tokens_per_micro_batch: Optional[int] = None,
+    share_prompts: bool = False,
     pad_id: int = 0,
 ) -> SequenceLogProbs:
     """Per-token log-probs of every response under `agent`, on every rank of its model replica.
 
     Collective over the agent's TP x PP ranks holding this data-parallel replica; each DP replica
-    passes its own sequences. Runs in eval mode (no dropout).
+    passes its own sequences. Runs in eval mode (no dropout). `share_prompts`: the responses to one prompt
+    share a row (PackedBatch), micro-batches of <= max_sequences_per_micro_batch sequences in prompt order;
+    otherwise one row per sequence, micro-batches by length (also bounded by max_tokens_per_micro_batch).
     """
     if not sequences:
         empty = torch.zeros(0, 0)
         return SequenceLogProbs(empty, empty.bool(), torch.zeros(0), torch.zeros(0, dtype=torch.long))
-    micro_batches = [
-        pack_sequences(sequences, group, pad_id)
-        for group in micro_batch_indices([len(p) + len(r) for p, r in sequences],
-                                         max_sequences=max_sequences_per_micro_batch,
-                                         max_tokens=max_tokens_per_micro_batch)
-    ]
+    if share_prompts:
+        groups = prompt_grouped(sequences, max_sequences_per_micro_batch)
+    else:
+        groups = micro_batch_indices([len(p) + len(r) for p, r in sequences], max_sequences=max_sequences_per_micro_batch,
+                                     max_tokens=max_tokens_per_micro_batch)
+    micro_batches = [pack_sequences(sequences, group, pad_id, share_prompts=share_prompts) for group in groups]
     lengths = torch.tensor([len(r) for _, r in sequences], dtype=torch.long)
     max_response = max(1, int(lengths.max()))
     was_training = agent.model.training
@@ -278,7 +359,7 @@ def compute_sequence_logprobs(
     if agent.parallel.is_last_stage:
         for result in results:
             mb: PackedBatch = result["micro_batch"]
-            token_logprobs[mb.indices] = mb.response_logprobs(result["position_logprobs"].cpu(), max_response)
+            token_logprobs[mb.indices] = mb.response_logprobs(result["token_logprobs"].cpu(), max_response)
     token_logprobs = _from_last_stage(token_logprobs, agent)
     return SequenceLogProbs.from_token_logprobs(token_logprobs, lengths)
 

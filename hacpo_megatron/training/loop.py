@@ -359,7 +359,8 @@ def _agent_logprobs(trainer: AgentTrainer, model: Optional[AgentModel], sequence
         from hacpo_megatron.models.logprobs import compute_sequence_logprobs
 
         result = compute_sequence_logprobs(model, mine, temperature=trainer.hp.temperature,
-                                           max_sequences_per_micro_batch=trainer.hp.micro_batch_size)
+                                           max_sequences_per_micro_batch=trainer.hp.micro_batch_size,
+                                           share_prompts=trainer.share_prompts)
     tokens = [result.token_logprobs[i, : int(result.lengths[i])].tolist() for i in range(len(mine))]
     if parallel.dp_size == 1:
         return tokens
@@ -450,7 +451,7 @@ def _hyperparams(cfg: Config, agent_cfg) -> TrainHyperparams:
         adam_beta2=t.adam_beta2, adam_eps=t.adam_eps, grad_clip=t.grad_clip, micro_batch_size=t.micro_batch_size,
         temperature=cfg.rollout.temperature, clip_low=a.clip_low, clip_high=a.clip_high,
         grpo_clip_low=a.grpo_clip_low, grpo_clip_high=a.grpo_clip_high, alpha=a.alpha, delta=a.delta,
-        delta_step=a.delta_step, kl_coef=a.kl_coef)
+        delta_step=a.delta_step, kl_coef=a.kl_coef, share_prompts=t.share_prompts)
 
 
 def _reporter(cfg: Config, agents: Agents, options: RunOptions, start_step: int):

@@ -70,6 +70,7 @@ class TrainHyperparams:
     delta: float = 0.2
     delta_step: float = 0.025
     kl_coef: float = 0.0
+    share_prompts: bool = True  # the responses to one prompt share a row, the prompt computed once (exact)
 
 
 def _finalize_grads(model_chunks, num_tokens, *, pg_collection, force_all_reduce=False):
@@ -120,6 +121,9 @@ class AgentTrainer:
         )
         self.steps_done = 0
         self._gemm_peak: Optional[float] = None
+        # Shared-prompt rows need an attention that takes a mask and per-row RoPE positions: megatron's local
+        # layers. With Transformer Engine's, every sequence gets a row of its own (models/logprobs.py).
+        self.share_prompts = hp.share_prompts and agent.takes_attention_mask
 
     @property
     def gemm_peak(self) -> float:
@@ -138,6 +142,7 @@ class AgentTrainer:
         return compute_sequence_logprobs(
             self.agent, sequences, temperature=self.hp.temperature,
             max_sequences_per_micro_batch=max_sequences_per_micro_batch or self.hp.micro_batch_size,
+            share_prompts=self.share_prompts,
         )
 
     # ------------------------------------------------------------------------------ training
@@ -163,7 +168,8 @@ class AgentTrainer:
         computed = rows_with_gradient(mini_batch, kl_coef=self.hp.kl_coef)  # zero-advantage rows: no gradient
         shard = data_parallel_shard(computed, self.parallel.dp_rank, self.parallel.dp_size)
         chunks = micro_batches(shard, self.hp.micro_batch_size)
-        packed = [pack_sequences([(r.prompt_ids, r.response_ids) for r in chunk], range(len(chunk))) for chunk in chunks]
+        packed = [pack_sequences([(r.prompt_ids, r.response_ids) for r in chunk], range(len(chunk)),
+                                 share_prompts=self.share_prompts) for chunk in chunks]
         loss_fn = partial(self._micro_batch_loss, chunks=dict(zip(map(id, packed), chunks)), update_index=update_index,
                           global_seqs=global_seqs, global_own_seqs=global_own_seqs, global_tokens=global_tokens)
 
@@ -176,8 +182,7 @@ class AgentTrainer:
             if packed else self._finalize_without_data()
         success, grad_norm, _ = self.optimizer.step()
         out = self._reduce_metrics(results)  # its copy to the host also waits for a GPU's queued work
-        flops = training_flops(self.agent.arch, ((len(r.prompt_ids), len(r.response_ids)) for r in computed))
-        flops_per_s = flops / (time.perf_counter() - start)
+        flops_per_s = out.pop("model_flops") / (time.perf_counter() - start)  # every replica's rows
         # rows as the loss sees them: only HACPO's tells other agents' rows apart (Naive's GSPO takes them as own)
         num_cross = global_seqs - global_own_seqs if self.spec.policy_loss == "hacpo" else 0
         out.update(num_own=float(global_seqs - num_cross), num_cross=float(num_cross),
@@ -195,13 +200,14 @@ class AgentTrainer:
         self.agent.config.finalize_model_grads_func([self.ddp_model], None)
         return []
 
-    def _micro_batch_loss(self, position_logprobs: torch.Tensor, packed: PackedBatch, *, chunks, update_index: int,
+    def _micro_batch_loss(self, token_logprobs: torch.Tensor, packed: PackedBatch, *, chunks, update_index: int,
                           global_seqs: int, global_own_seqs: int, global_tokens: int):
         """The policy loss of one micro-batch as its share of the mini-batch mean (+ optional KL)."""
-        rows: List[SequenceRow] = chunks[id(packed)]
-        device = position_logprobs.device
+        chunk: List[SequenceRow] = chunks[id(packed)]
+        rows = [chunk[i] for i in packed.indices.tolist()]  # in the packed order (shared prompts group them)
+        device = token_logprobs.device
         width = int(packed.response_lengths.max())
-        logp = packed.response_logprobs(position_logprobs, width)
+        logp = packed.response_logprobs(token_logprobs, width)
         mask = torch.arange(width, device=device)[None, :] < packed.response_lengths.to(device)[:, None]
         advantages = torch.tensor([r.advantage for r in rows], dtype=torch.float32, device=device)
         old_seq = torch.tensor([r.old_seq_logp for r in rows], dtype=torch.float32, device=device)
@@ -231,12 +237,13 @@ class AgentTrainer:
         weighted = {k: torch.tensor(v * _weight(k, metrics, float(len(rows)))) for k, v in metrics.items()
                     if not math.isnan(v) and k != "cross_clip_lower_bound"}  # _update sets the bound itself
         weighted["loss"] = loss.detach().float().cpu()
+        weighted["model_flops"] = torch.tensor(training_flops(self.agent.arch, packed.layout), dtype=torch.float64)
         return loss, torch.ones((), dtype=torch.int), weighted
 
     def _reduce_metrics(self, results: list) -> Dict[str, float]:
         """Sum the micro-batch metrics over micro-batches and data-parallel replicas; same on every rank."""
         keys = ("loss", "own_ratio_mean", "cross_ratio_mean", "own_clip_frac_lower", "own_clip_frac_upper",
-                "cross_clip_frac_lower", "cross_clip_frac_upper", "num_own", "num_cross", "kl")
+                "cross_clip_frac_lower", "cross_clip_frac_upper", "num_own", "num_cross", "kl", "model_flops")
         totals = torch.zeros(len(keys), dtype=torch.float64)
         for result in results:
             for i, key in enumerate(keys):
@@ -250,7 +257,7 @@ class AgentTrainer:
             dist.broadcast(buffer, group=self.parallel.pp_group, group_src=self.parallel.pp_size - 1)
         totals = buffer.cpu()
         t = dict(zip(keys, totals.tolist()))
-        out = {"loss": t["loss"], "num_own": t["num_own"], "num_cross": t["num_cross"]}
+        out = {"loss": t["loss"], "num_own": t["num_own"], "num_cross": t["num_cross"], "model_flops": t["model_flops"]}
         for key in ("own_ratio_mean", "own_clip_frac_lower", "own_clip_frac_upper"):
             out[key] = t[key] / t["num_own"] if t["num_own"] else math.nan
         for key in ("cross_ratio_mean", "cross_clip_frac_lower", "cross_clip_frac_upper"):

@@ -1,12 +1,13 @@
 """How much of the hardware a training update uses: model FLOPs, and a GEMM peak measured in the same run.
 
-    flops = training_flops(arch, [(len(prompt), len(response)) for each row])  # one update's model FLOPs
+    flops = training_flops(arch, [(len(prompt), [len(response)]) for each row])  # one update's model FLOPs
     peak = gemm_peak_flops(torch.float32, torch.device("cpu"))                 # FLOP/s of this rank, measured
     mfu = flops / seconds / (peak * ranks)
 
 Model FLOPs follow megatron's own count (megatron/training/training.py, `num_floating_point_operations`):
 every weight GEMM three times (forward, weight gradient, input gradient), two FLOPs per multiply-add, and
-core attention (QK^T and softmax·V) over each packed sequence's own causal triangle, sum(L_i^2) / 2. The
+core attention (QK^T and softmax·V) over what each token attends to: its own sequence's causal triangle,
+and where responses share their prompt in one row (models/logprobs.py), the prompt counts once. The
 output layer counts at the response positions only: an RL update needs the log-probs of response tokens,
 and the trainer's output hook computes logits there alone (models/logprobs.py). Model FLOPs are the work
 the model needs, not what a kernel happens to do: recomputation, padding and an attention kernel that
@@ -19,7 +20,7 @@ this machine (on a shared CPU, at this moment); on GPU it is the same measuremen
 from __future__ import annotations
 
 import time
-from typing import Iterable, Tuple
+from typing import Iterable, Sequence, Tuple
 
 import torch
 
@@ -44,17 +45,23 @@ def output_layer_flops_per_token(arch: Architecture) -> float:
     return _FMA * arch.hidden_size * arch.vocab_size
 
 
-def attention_flops(arch: Architecture, length: int) -> float:
-    """Forward FLOPs of core attention over one sequence: QK^T and softmax·V on the causal triangle."""
+def attention_flops(arch: Architecture, prompt_length: int, response_lengths: Sequence[int]) -> float:
+    """Forward FLOPs of core attention (QK^T and softmax·V) in one row: the prompt's causal triangle, then
+    each response over the prompt and its own causal triangle."""
     q = arch.num_attention_heads * arch.head_dim
-    return arch.num_layers * 2 * _FMA * q * length * length / 2
+    pairs = prompt_length**2 / 2 + sum(length * prompt_length + length**2 / 2 for length in response_lengths)
+    return arch.num_layers * 2 * _FMA * q * pairs
 
 
-def training_flops(arch: Architecture, sequences: Iterable[Tuple[int, int]]) -> float:
-    """Model FLOPs of one forward and backward pass over (prompt length, response length) sequences."""
-    sequences = list(sequences)
-    return _FORWARD_BACKWARD * sum(layer_flops_per_token(arch) * (p + r) + output_layer_flops_per_token(arch) * r
-                                   + attention_flops(arch, p + r) for p, r in sequences)
+def training_flops(arch: Architecture, rows: Iterable[Tuple[int, Sequence[int]]]) -> float:
+    """Model FLOPs of one forward and backward pass over rows (prompt length, response lengths): a row holds
+    one prompt and every response computed with it (one response per row without shared prompts)."""
+    total = 0.0
+    for prompt_length, response_lengths in rows:
+        responses = sum(response_lengths)
+        total += (layer_flops_per_token(arch) * (prompt_length + responses) + output_layer_flops_per_token(arch) * responses
+                  + attention_flops(arch, prompt_length, response_lengths))
+    return _FORWARD_BACKWARD * total
 
 
 def gemm_peak_flops(dtype: torch.dtype, device: torch.device, *, size: int = 0, trials: int = 5) -> float:

@@ -1,4 +1,5 @@
-"""One weight set, three layouts (TP=1, TP=2, PP=2), three architectures, checked against HF.
+"""One weight set, three layouts (TP=1, TP=2, PP=2), three architectures, checked against HF; with one
+sequence per row and with responses sharing their prompt's row.
 
 A single 2-process torchrun launch (tests/models/workers/layouts_worker.py) computes everything.
 """
@@ -8,7 +9,7 @@ import pytest
 import torch
 
 from tests.models.torchrun import run_torchrun
-from tests.models.workers.reference import SEQUENCES, TEST_CONFIGS
+from tests.models.workers.reference import SEQUENCES, SHARED_PROMPT_SEQUENCES, TEST_CONFIGS
 
 pytestmark = pytest.mark.distributed
 WORKER = Path(__file__).parent / "workers" / "layouts_worker.py"
@@ -76,6 +77,31 @@ def test_gradients_equal_tp1(results, arch, layout):
 @pytest.mark.parametrize("arch", ARCHS)
 def test_tp1_gradients_equal_hf(results, arch):
     grads, hf_grads = results[0][arch]["tp1"]["grads"], results[0][arch]["hf_grads"]
+    assert set(grads) == set(hf_grads)
+    for name in hf_grads:
+        assert max_diff(grads[name], hf_grads[name]) <= 2e-5, name
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_shared_prompt_rows_give_each_response_its_own_logprobs(results, arch, layout):
+    """Responses packed behind one copy of their prompt (own mask, positions and RoPE per response) get the
+    log-probs HF gives each sequence alone: a response seeing another's tokens, or a position off by the
+    tokens before it in the row, moves them by far more than 1e-5."""
+    entry = results[0][arch]
+    logprobs = entry[layout]["shared_logprobs"]
+    assert logprobs.lengths.tolist() == [len(r) for _, r in SHARED_PROMPT_SEQUENCES]
+    for i, reference in enumerate(entry["hf_shared_logprobs"]):
+        assert max_diff(logprobs.token_logprobs[i, : len(reference)], reference) <= 1e-5, i
+        assert (logprobs.token_logprobs[i, len(reference):] == 0).all()
+    if layout != "tp1":
+        assert torch.equal(logprobs.token_logprobs, results[1][arch][layout]["shared_logprobs"].token_logprobs)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_shared_prompt_rows_give_the_gradients_of_separate_sequences(results, arch, layout):
+    grads, hf_grads = results[0][arch][layout]["shared_grads"], results[0][arch]["hf_shared_grads"]
     assert set(grads) == set(hf_grads)
     for name in hf_grads:
         assert max_diff(grads[name], hf_grads[name]) <= 2e-5, name

@@ -8,6 +8,7 @@ from hacpo_megatron.models.logprobs import (
     SequenceLogProbs,
     micro_batch_indices,
     pack_sequences,
+    prompt_grouped,
     token_logprobs_from_logits,
 )
 from tests.models.workers.reference import TEST_CONFIGS
@@ -30,13 +31,43 @@ def test_padded_vocabulary_rows_take_no_probability():
     torch.testing.assert_close(got, torch.log(torch.tensor([[1 / 6]])))
 
 
-def test_pack_sequences_aligns_targets_and_response_mask():
+def test_pack_sequences_one_row_per_sequence_predicts_each_token_from_the_position_before():
     batch = pack_sequences([([1, 2], [3, 4, 5]), ([7], [8])], [0, 1], pad_id=0)
     assert batch.tokens.tolist() == [[1, 2, 3, 4, 5], [7, 8, 0, 0, 0]]
-    assert batch.targets.tolist() == [[2, 3, 4, 5, 0], [8, 0, 0, 0, 0]]
-    assert batch.response_mask.tolist() == [[False, True, True, True, False], [True, False, False, False, False]]
-    position_logprobs = torch.arange(10.0).reshape(2, 5)
-    assert batch.response_logprobs(position_logprobs, 3).tolist() == [[1, 2, 3], [5, 0, 0]]
+    assert batch.position_ids.tolist() == [[0, 1, 2, 3, 4], [0, 1, 2, 3, 4]]
+    assert batch.attention_mask is None  # plain causal attention
+    assert batch.targets.tolist() == [3, 4, 5, 8]
+    assert list(zip(batch.logit_rows.tolist(), batch.logit_positions.tolist())) == [(0, 1), (0, 2), (0, 3), (1, 0)]
+    assert batch.layout == [(2, [3]), (1, [1])]
+    assert batch.response_logprobs(torch.tensor([1.0, 2.0, 3.0, 5.0]), 3).tolist() == [[1, 2, 3], [5, 0, 0]]
+
+
+def test_pack_sequences_with_shared_prompts_puts_each_prompt_once_and_keeps_positions():
+    sequences = [([1, 2], [3, 4]), ([9], [8]), ([1, 2], [5, 6, 7]), ([1, 2], [4])]
+    batch = pack_sequences(sequences, [0, 1, 2, 3], pad_id=0, share_prompts=True)
+    # rows in order of first appearance: [1, 2] with responses 0, 2, 3; then [9] with response 1
+    assert batch.indices.tolist() == [0, 2, 3, 1]
+    assert batch.tokens.tolist() == [[1, 2, 3, 4, 5, 6, 7, 4], [9, 8, 0, 0, 0, 0, 0, 0]]
+    assert batch.position_ids[0].tolist() == [0, 1, 2, 3, 2, 3, 4, 2]  # every response starts at P = 2
+    assert batch.targets.tolist() == [3, 4, 5, 6, 7, 4, 8]
+    # each response's first token is predicted by the prompt's last position (1), the others by their own
+    assert list(zip(batch.logit_rows.tolist(), batch.logit_positions.tolist())) == [
+        (0, 1), (0, 2), (0, 1), (0, 4), (0, 5), (0, 1), (1, 0)]
+    assert batch.layout == [(2, [2, 3, 1]), (1, [1])]
+    allowed = ~batch.attention_mask[:, 0]
+    # response 2 ([5, 6, 7] at 4-6) sees the prompt (0-1) and itself, not response 1 (2-3) nor response 3 (7)
+    assert allowed[0, 6].tolist() == [True, True, False, False, True, True, True, False]
+    assert allowed[0, 7].tolist() == [True, True, False, False, False, False, False, True]
+    assert allowed[0, 1].tolist() == [True, True] + [False] * 6  # the prompt stays causal
+    assert allowed[1, 1].tolist() == [True, True] + [False] * 6
+    logp = batch.response_logprobs(torch.arange(1.0, 8.0), 3)  # rows in batch.indices order
+    assert logp.tolist() == [[1, 2, 0], [3, 4, 5], [6, 0, 0], [7, 0, 0]]
+
+
+def test_prompt_grouped_micro_batches_keep_a_prompts_sequences_together():
+    sequences = [([1], [2]), ([5], [2]), ([1], [3]), ([5], [4]), ([1], [4])]
+    assert prompt_grouped(sequences, 2) == [[0, 2], [4, 1], [3]]
+    assert prompt_grouped(sequences, None) == [[0, 2, 4, 1, 3]]
 
 
 def test_micro_batches_respect_limits_and_cover_everything():

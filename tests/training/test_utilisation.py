@@ -24,11 +24,23 @@ def test_training_flops_match_torchs_count_of_the_hf_models_forward_and_backward
         assert logits.shape[1] == response
         logits.float().logsumexp(-1).sum().backward()
     counted = counter.get_total_flops()
-    ours = training_flops(arch, [(prompt, response)])
-    assert counted == pytest.approx(ours + 3 * attention_flops(arch, prompt + response), rel=1e-9)
+    ours = training_flops(arch, [(prompt, [response])])
+    assert counted == pytest.approx(ours + 3 * attention_flops(arch, prompt + response, []), rel=1e-9)
     # packed sequences attend to themselves only: attention adds per sequence, the rest per token
-    assert training_flops(arch, [(prompt, response), (3, 2)]) == pytest.approx(ours + training_flops(arch, [(3, 2)]))
-    assert attention_flops(arch, 2 * prompt) == pytest.approx(4 * attention_flops(arch, prompt))
+    assert training_flops(arch, [(prompt, [response]), (3, [2])]) == pytest.approx(ours + training_flops(arch, [(3, [2])]))
+    assert attention_flops(arch, 2 * prompt, []) == pytest.approx(4 * attention_flops(arch, prompt, []))
+
+
+def test_a_shared_prompt_counts_once():
+    """Two responses in one row with their prompt: the two plain sequences less one prompt's layers and
+    causal attention (each response still attends to the whole prompt)."""
+    arch = read_architecture(TEST_CONFIGS["qwen3"])
+    shared = training_flops(arch, [(20, [5, 7])])
+    separate = training_flops(arch, [(20, [5]), (20, [7])])
+    prompt_alone = training_flops(arch, [(20, [])])
+    assert shared == pytest.approx(separate - prompt_alone)
+    assert attention_flops(arch, 20, [5, 7]) == pytest.approx(
+        attention_flops(arch, 25, []) + attention_flops(arch, 27, []) - attention_flops(arch, 20, []))
 
 
 def test_gemm_peak_is_the_fastest_trial(monkeypatch):

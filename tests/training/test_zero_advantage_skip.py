@@ -35,9 +35,12 @@ def test_skipping_zero_advantage_rows_gives_the_same_update(report):
         # the same loss (a wrong row count would scale it) and the same gradient, to fp32 reassociation
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-5, abs=1e-9)
         assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-5)
-    # Adam (lr 1e-2, eps 1e-8) turns reassociation noise in gradients near 0 into steps of up to ~lr * 1e-4
+    # Adam (lr 1e-2) normalises each gradient entry by its own scale, so an entry whose gradient is ~0 (an
+    # embedding row of a token no row holds) moves by up to lr in a direction set by reassociation noise:
+    # a few such entries may differ (one of 24,576 did on an Intel Xeon), the rest agree to 1e-5
     for p, q in zip(skipping["params"], everything["params"]):
-        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-5)
+        apart = (p - q).abs()
+        assert (apart > 1e-5).float().mean() < 1e-3 and apart.max() <= 4 * 1e-2
     # the updates did something the comparison could have missed: the losses change over the steps
     losses = [m["loss"] for m in skipping["metrics"]]
     assert len(set(round(x, 7) for x in losses)) > 1

@@ -2,7 +2,8 @@
 
 For every test architecture: load one HF model's weights into each layout, compute response
 log-probs (temperature 0.7, several micro-batches) and the gradients of their sum, export weights
-and gradients back to HF names. Rank 0 saves everything, plus the HF references, to OUT/results.pt.
+and gradients back to HF names; the same for sequences whose responses share prompts, packed with
+shared-prompt rows. Rank 0 saves everything, plus the HF references, to OUT/results.pt.
 
 usage: torchrun --nproc_per_node 2 layouts_worker.py OUT
 """
@@ -19,11 +20,12 @@ from hacpo_megatron.checkpoint.hf_mapping import export_hf_state_dict, load_hf_s
 from hacpo_megatron.config.schema import AgentConfig, ParallelConfig
 from hacpo_megatron.models.build import build_agent_model
 from hacpo_megatron.models.logprobs import (
-    PackedBatch, compute_sequence_logprobs, make_forward_step, micro_batch_indices, pack_sequences, run_schedule,
+    PackedBatch, compute_sequence_logprobs, make_forward_step, micro_batch_indices, pack_sequences, prompt_grouped,
+    run_schedule,
 )
 from hacpo_megatron.parallel.groups import AgentParallel, create_agent_groups, init_distributed
 from tests.models.workers.reference import (
-    SEQUENCES, TEMPERATURE, TEST_CONFIGS, hf_grads_of_logprob_sum, hf_model, hf_token_logprobs,
+    SEQUENCES, SHARED_PROMPT_SEQUENCES, TEMPERATURE, TEST_CONFIGS, hf_grads_of_logprob_sum, hf_model, hf_token_logprobs,
 )
 
 LAYOUTS = [
@@ -33,16 +35,18 @@ LAYOUTS = [
 ]
 
 
-def logprob_sum_grads(agent, sequences) -> None:
+def logprob_sum_grads(agent, sequences, *, share_prompts: bool = False) -> None:
     """Backward of sum(response log-probs) through megatron's schedule, without DDP."""
     agent.config.calculate_per_token_loss = True  # megatron then leaves the loss unscaled
 
-    def loss_fn(position_logprobs: torch.Tensor, mb: PackedBatch):
-        loss = (position_logprobs * mb.response_mask).sum()
-        return loss, mb.response_mask.sum(), {}
+    def loss_fn(token_logprobs: torch.Tensor, mb: PackedBatch):
+        return token_logprobs.sum(), torch.tensor(len(token_logprobs)), {}
 
-    micro_batches = [pack_sequences(sequences, g) for g in micro_batch_indices(
-        [len(p) + len(r) for p, r in sequences], max_sequences=2)]
+    if share_prompts:  # 5 sequences per micro-batch: rows of 4 and 1, then 2, 1 and 1 responses
+        micro_batches = [pack_sequences(sequences, g, share_prompts=True) for g in prompt_grouped(sequences, 5)]
+    else:
+        micro_batches = [pack_sequences(sequences, g) for g in micro_batch_indices(
+            [len(p) + len(r) for p, r in sequences], max_sequences=2)]
     agent.model.zero_grad()
     run_schedule(agent, micro_batches, make_forward_step(agent, temperature=TEMPERATURE, loss_fn=loss_fn),
                  forward_only=False)
@@ -69,7 +73,7 @@ def single_stage_logits_diff(agent, hf) -> float:
     agent.model.eval()
     logits = agent.model(batch.tokens, batch.position_ids, attention_mask=None)[..., : agent.vocab_size]
     reference = hf(batch.tokens).logits  # right padding: real positions see no padding in either
-    real = torch.arange(batch.tokens.shape[1]) < (batch.prompt_lengths + batch.response_lengths)[:, None]
+    real = torch.arange(batch.tokens.shape[1]) < torch.tensor([len(p) + len(r) for p, r in SEQUENCES])[:, None]
     return (logits - reference).abs()[real].max().item()
 
 
@@ -82,7 +86,9 @@ def main(out: Path) -> None:
         hf = hf_model(arch)  # same seed on every rank: identical weights
         hf_state = {k: v.detach().clone() for k, v in hf.state_dict().items()}
         entry = {"hf_logprobs": [t.detach() for t in hf_token_logprobs(hf, SEQUENCES)],
-                 "hf_grads": hf_grads_of_logprob_sum(hf, SEQUENCES), "hf_state": hf_state}
+                 "hf_grads": hf_grads_of_logprob_sum(hf, SEQUENCES), "hf_state": hf_state,
+                 "hf_shared_logprobs": [t.detach() for t in hf_token_logprobs(hf, SHARED_PROMPT_SEQUENCES)],
+                 "hf_shared_grads": hf_grads_of_logprob_sum(hf, SHARED_PROMPT_SEQUENCES)}
         for parallel in layouts:
             if not parallel.is_member:
                 continue
@@ -96,10 +102,15 @@ def main(out: Path) -> None:
                 entry["logits_max_diff"] = single_stage_logits_diff(agent, hf)
             logprob_sum_grads(agent, SEQUENCES)
             grads = export_hf_state_dict(agent.model, TEST_CONFIGS[arch], parallel, tensor_of=lambda p: p.grad)
+            shared_logprobs = compute_sequence_logprobs(agent, SHARED_PROMPT_SEQUENCES, temperature=TEMPERATURE,
+                                                        max_sequences_per_micro_batch=5, share_prompts=True)
+            logprob_sum_grads(agent, SHARED_PROMPT_SEQUENCES, share_prompts=True)
+            shared_grads = export_hf_state_dict(agent.model, TEST_CONFIGS[arch], parallel, tensor_of=lambda p: p.grad)
             # every rank of the agent has the log-probs; record rank 1's copy too for the test
-            entry[parallel.name] = {"logprobs": logprobs, "exported": exported, "grads": grads}
+            entry[parallel.name] = {"logprobs": logprobs, "exported": exported, "grads": grads,
+                                    "shared_logprobs": shared_logprobs, "shared_grads": shared_grads}
             if rank == 1:
-                entry[parallel.name] = {"logprobs": logprobs}
+                entry[parallel.name] = {"logprobs": logprobs, "shared_logprobs": shared_logprobs}
             results["timings"][f"{arch}/{parallel.name}"] = time.time() - start
         results[arch] = entry
     torch.save(results, out / f"rank{rank}.pt")

@@ -31,6 +31,19 @@ SEQUENCES: List[Tuple[List[int], List[int]]] = [
     ([42, 43, 44, 45], [46, 47, 48]),
 ]
 
+# Several responses to each prompt, as a step's rows are (G samples, other agents' answers): rows with a
+# shared prompt hold 4, 3 and 1 of them (one-token responses too); one sequence has a prompt of its own.
+SHARED_PROMPT_SEQUENCES: List[Tuple[List[int], List[int]]] = [
+    ([21, 22, 23, 24, 25], [30, 31, 32]),
+    ([21, 22, 23, 24, 25], [33]),
+    ([7, 8], [40, 41, 42, 43, 44, 45]),
+    ([21, 22, 23, 24, 25], [30, 34, 35, 36, 37]),
+    ([7, 8], [40, 46]),
+    ([21, 22, 23, 24, 25], [38, 39]),
+    ([7, 8], [2]),
+    ([500, 501, 502], [503, 504]),
+]
+
 
 def hf_model(name: str, seed: int = 0) -> torch.nn.Module:
     """A random fp32 HF model; norms perturbed so a mis-mapped norm weight changes the output."""

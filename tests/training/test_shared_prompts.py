@@ -1,0 +1,41 @@
+"""A trainer that packs answers behind one copy of their prompt computes what one row per sequence computes."""
+import pytest
+import torch
+
+from tests.models.torchrun import REPO, run_torchrun
+
+WORKER = REPO / "tests" / "training" / "workers" / "shared_prompts_worker.py"
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    out = tmp_path_factory.mktemp("shared") / "report.pt"
+    run_torchrun(WORKER, 1, str(out), timeout=300)
+    return torch.load(out, weights_only=False)
+
+
+def test_the_cpu_trainer_shares_prompts_when_asked(report):
+    assert report["shared"]["share_prompts"] is True and report["separate"]["share_prompts"] is False
+
+
+def test_old_logprobs_come_back_in_the_callers_order(report):
+    shared, separate = report["shared"]["logprobs"], report["separate"]["logprobs"]
+    assert torch.equal(shared.lengths, separate.lengths)
+    assert (shared.token_logprobs - separate.token_logprobs).abs().max() <= 1e-5
+
+
+def test_updates_are_the_same(report):
+    shared, separate = report["shared"], report["separate"]
+    for update, (a, b) in enumerate(zip(shared["metrics"], separate["metrics"])):
+        # A row matched to another row's advantage or old log-prob would move loss, ratios and gradient by
+        # far more. The first update agrees to float reassociation (~1e-7); Adam at lr 1e-2 amplifies that
+        # into ~5e-5 by the fourth.
+        for key in ("loss", "grad_norm", "own_ratio_mean", "cross_ratio_mean", "num_own", "num_cross"):
+            assert a[key] == pytest.approx(b[key], rel=1e-5 if update == 0 else 3e-4, abs=1e-8), (update, key)
+        # the shared rows hold fewer tokens for the same work: the prompt's model FLOPs count once per row
+        assert a["perf/model_flops_per_s"] > 0
+    for p, q in zip(shared["params"], separate["params"]):
+        apart = (p - q).abs()  # Adam: entries with ~0 gradient may move by ~lr either way (zero-advantage test)
+        assert (apart > 1e-5).float().mean() < 1e-3 and apart.max() <= 4 * 1e-2
+    losses = [m["loss"] for m in shared["metrics"]]
+    assert len(set(round(x, 7) for x in losses)) > 1

@@ -1,0 +1,49 @@
+"""Shared-prompt rows change nothing but speed: the same log-probs and the same updates as one row per sequence.
+
+usage: torchrun --nproc_per_node 1 shared_prompts_worker.py OUT.pt
+
+Two trainers from the same weights (tiny Qwen3 shape), one world rank, HACPO; one packs a micro-batch's
+answers to one prompt into one row (train.share_prompts: true), the other gives every sequence its own row.
+The rows come prompt-interleaved (p0, p1, p2, p0, p1, ...), so packing reorders them, with own and other
+agents' answers, advantages of both signs and one of 0. Saves both trainers' old log-probs of the
+sequences, their metrics over two steps of two updates, and their parameters.
+"""
+from __future__ import annotations
+
+import sys
+
+import torch
+
+from hacpo_megatron.algorithms.registry import algorithm_spec
+from hacpo_megatron.config.schema import AlgorithmConfig
+from hacpo_megatron.training.batch import SequenceRow
+from hacpo_megatron.training.trainer import AgentTrainer, TrainHyperparams
+from tests.training.workers.one_rank import one_rank_world, qwen3_agent, random_sequences
+
+
+def main(out_path: str) -> None:
+    parallel, weights = one_rank_world()
+    prompts = [p for p, _ in random_sequences(3, 6, 1)]
+    answers = [r for _, r in random_sequences(12, 1, 5)]
+    answers = [a[: 1 + i % 5] for i, a in enumerate(answers)]  # answer lengths 1 to 5
+    sequences = [(prompts[i % 3], answer) for i, answer in enumerate(answers)]  # prompt-interleaved
+    advantages = [1.0, -0.5, 0.25, 0.4, 0.0, -1.0, 0.5, -0.25, 1.5, -0.75, 0.3, -0.6]
+    report = {}
+    for name, share in (("shared", True), ("separate", False)):
+        trainer = AgentTrainer(qwen3_agent(parallel, weights), algorithm_spec(AlgorithmConfig(name="hacpo")),
+                               TrainHyperparams(lr=1e-2, micro_batch_size=5, total_steps=2, share_prompts=share))
+        lp = trainer.sequence_logprobs(sequences, max_sequences_per_micro_batch=7)
+        rows = [SequenceRow(prompt_ids=p, response_ids=r, advantage=a, is_cross=i % 4 == 3, source=int(i % 4 == 3),
+                            old_seq_logp=float(lp.sums[i] / lp.lengths[i]) + (0.05 if i % 4 == 3 else 0.0),
+                            prompt_index=i % 3, sample_index=i // 3)
+                for i, ((p, r), a) in enumerate(zip(sequences, advantages))]
+        metrics = []
+        for _ in range(2):
+            metrics += trainer.train_step([rows[:7], rows[7:]])
+        report[name] = {"share_prompts": trainer.share_prompts, "logprobs": lp, "metrics": metrics,
+                        "params": [p.detach().clone() for p in trainer.ddp_model.module.parameters()]}
+    torch.save(report, out_path)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
