@@ -105,18 +105,29 @@ class PackedBatch:
         return out.masked_scatter(valid, token_logprobs)
 
 
+# A shared-prompt row grows to at most this many tokens (or one sequence's length, if longer); then the prompt
+# starts another row. Megatron's local attention materialises [heads, S, S] scores per row.
+MAX_SHARED_ROW_TOKENS = 2048
+
+
 def pack_sequences(sequences: Sequence[PromptResponse], indices: Sequence[int], pad_id: int = 0, *,
                    share_prompts: bool = False) -> PackedBatch:
     """Right-pad `sequences[i] for i in indices` into rows: one per sequence, or with `share_prompts` one per
-    distinct prompt (in order of first appearance), holding every response to it."""
-    indices = list(indices)
-    groups: Dict[Tuple[int, ...], List[int]] = {}
+    distinct prompt (in order of first appearance; more while a row would pass MAX_SHARED_ROW_TOKENS),
+    holding every response to it."""
+    rows: List[Tuple[List[int], List[int]]] = []  # (prompt, the sequences in its row)
+    open_row: Dict[Tuple[int, ...], int] = {}  # prompt -> its row that takes more responses
     for i in indices:
-        prompt = tuple(sequences[i][0])
+        prompt, response = sequences[i]
         if not prompt:
             raise ValueError("every sequence needs at least one prompt token (the first response token's context)")
-        groups.setdefault(prompt if share_prompts else (i,), []).append(i)
-    rows = [(list(sequences[members[0]][0]), members) for members in groups.values()]
+        row = open_row.get(tuple(prompt)) if share_prompts else None
+        if row is not None and len(prompt) + sum(len(sequences[j][1]) for j in rows[row][1]) + len(response) \
+                <= MAX_SHARED_ROW_TOKENS:
+            rows[row][1].append(i)
+        else:
+            open_row[tuple(prompt)] = len(rows)
+            rows.append((list(prompt), [i]))
     width = max(len(prompt) + sum(len(sequences[i][1]) for i in members) for prompt, members in rows)
     shared = any(len(members) > 1 for _, members in rows)
 

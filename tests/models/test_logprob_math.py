@@ -64,6 +64,17 @@ def test_pack_sequences_with_shared_prompts_puts_each_prompt_once_and_keeps_posi
     assert logp.tolist() == [[1, 2, 0], [3, 4, 5], [6, 0, 0], [7, 0, 0]]
 
 
+def test_a_shared_prompt_row_stops_growing_at_its_token_limit(monkeypatch):
+    from hacpo_megatron.models import logprobs
+
+    monkeypatch.setattr(logprobs, "MAX_SHARED_ROW_TOKENS", 8)
+    sequences = [([1, 2], [3, 4, 5]), ([1, 2], [6, 7, 8]), ([1, 2], [9]), ([1, 2], [1] * 9)]
+    batch = pack_sequences(sequences, range(4), share_prompts=True)
+    # 2 + 3 + 3 = 8 fits; the third response would make 9: a new row, which the fourth (alone 11) cannot join
+    assert batch.layout == [(2, [3, 3]), (2, [1]), (2, [9])]
+    assert batch.indices.tolist() == [0, 1, 2, 3] and batch.tokens.shape == (3, 11)
+
+
 def test_prompt_grouped_micro_batches_keep_a_prompts_sequences_together():
     sequences = [([1], [2]), ([5], [2]), ([1], [3]), ([5], [4]), ([1], [4])]
     assert prompt_grouped(sequences, 2) == [[0, 2], [4, 1], [3]]
