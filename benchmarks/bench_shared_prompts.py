@@ -113,7 +113,7 @@ def main() -> None:
                                   mfu=sum(m["perf/mfu"] for m in metrics) / len(metrics))
             best[mode]["logprob"] = min(best[mode]["logprob"], logprob_seconds)
     plain, shared = (trainers[mode].ddp_model.module.parameters() for mode in MODES)
-    apart = max(float((p - q).abs().max()) for p, q in zip(plain, shared))
+    apart = max(float((p.detach() - q.detach()).abs().max()) for p, q in zip(plain, shared))
     prompt_tokens = sum(len(p) for p, _, _ in batch)
     answer_tokens = sum(len(a) for _, own_, cross in batch for a in own_ + cross)
     print(f"\n{args.model}, {args.threads} threads, {args.prompts} prompts x ({args.samples} own + {args.samples} other) "
