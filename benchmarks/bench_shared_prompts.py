@@ -8,10 +8,11 @@ The real-model run's learner (docs/real_model.md), one step's rows: B prompts, e
 G answers of another agent retokenized (SmolLM2 beside the tiny Qwen3: ~75-token chat prompts, own answers
 of ~50 tokens, the other agent's bare numbers of ~3), random token ids, lengths drawn around those means.
 The same pretrained weights go into two trainers through the project's own path (build_agent_model +
-AgentTrainer, HACPO, M = 2 updates of B/2 prompts), one with `train.share_prompts: false` (every sequence a
-row of its own: its prompt computed once per answer) and one with `true` (a micro-batch's answers to one
-prompt share one row: the prompt computed once). Rounds alternate between the two, so the machine's load
-hits both alike; the fastest round of each is kept. Reported: seconds of the old-log-prob pass over the own
+AgentTrainer, HACPO, M = 2 updates of B prompts x G answers, as the run's `train.mini_batch_size: 8` makes
+them), one with `train.share_prompts: false` (every sequence a row of its own: its prompt computed once per
+answer) and one with `true` (a micro-batch's answers to one prompt share one row: the prompt computed
+once). Rounds alternate between the two, so the machine's load hits both alike; the fastest round of each
+is kept. Reported: seconds of the old-log-prob pass over the own
 answers and of the step's updates, the updates' model FLOPs rate and MFU as the trainer records them
 (`perf/*`, a GEMM peak timed in the run), and how far the two trainers' weights are apart after the same
 updates (the same math: float reassociation only).
@@ -69,6 +70,12 @@ def learner_rows(batch, own_logprobs) -> list:
     return rows
 
 
+def update_schedule(args) -> UpdateSchedule:
+    """The run's: mini-batches of all B prompts x G answers, so a learner of two sources makes M = 2 updates."""
+    return UpdateSchedule(num_prompts=args.prompts, samples_per_prompt=args.samples, sources=(0, 1),
+                          rows_per_update=args.prompts * args.samples)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="smollm2-135m-instruct")
@@ -94,8 +101,7 @@ def main() -> None:
                                       TrainHyperparams(lr=1e-6, micro_batch_size=args.micro_batch, share_prompts=share))
     batch = step_sequences(args, hf_config["vocab_size"])
     own = [(prompt, answer) for prompt, answers, _ in batch for answer in answers]
-    schedule = UpdateSchedule(num_prompts=args.prompts, samples_per_prompt=args.samples, sources=(0, 1),
-                              rows_per_update=args.prompts // 2 * args.samples)
+    schedule = update_schedule(args)
     best = {mode: {"logprob": float("inf"), "train": float("inf")} for mode in MODES}
     for round_index in range(args.rounds):
         for mode, trainer in trainers.items():
