@@ -116,19 +116,21 @@ def pack_sequences(sequences: Sequence[PromptResponse], indices: Sequence[int], 
     distinct prompt (in order of first appearance; more while a row would pass MAX_SHARED_ROW_TOKENS),
     holding every response to it."""
     rows: List[Tuple[List[int], List[int]]] = []  # (prompt, the sequences in its row)
+    widths: List[int] = []  # tokens in each row
     open_row: Dict[Tuple[int, ...], int] = {}  # prompt -> its row that takes more responses
     for i in indices:
         prompt, response = sequences[i]
         if not prompt:
             raise ValueError("every sequence needs at least one prompt token (the first response token's context)")
         row = open_row.get(tuple(prompt)) if share_prompts else None
-        if row is not None and len(prompt) + sum(len(sequences[j][1]) for j in rows[row][1]) + len(response) \
-                <= MAX_SHARED_ROW_TOKENS:
+        if row is not None and widths[row] + len(response) <= MAX_SHARED_ROW_TOKENS:
             rows[row][1].append(i)
+            widths[row] += len(response)
         else:
             open_row[tuple(prompt)] = len(rows)
             rows.append((list(prompt), [i]))
-    width = max(len(prompt) + sum(len(sequences[i][1]) for i in members) for prompt, members in rows)
+            widths.append(len(prompt) + len(response))
+    width = max(widths)
     shared = any(len(members) > 1 for _, members in rows)
 
     tokens = torch.full((len(rows), width), pad_id, dtype=torch.long)
@@ -249,6 +251,9 @@ def make_forward_step(agent: AgentModel, *, temperature: float = 1.0,
         micro_batch = next(data_iterator)
         device = _model_device(model)
         mask = micro_batch.attention_mask
+        if mask is not None and not agent.takes_attention_mask:
+            raise ValueError(f"{agent.parallel.name}: shared-prompt rows need an attention that takes a mask "
+                             "(megatron's local layers, unfused softmax and RoPE)")
         with rotary_at_positions(model, micro_batch.position_ids.to(device) if mask is not None else None):
             output = model(micro_batch.tokens.to(device), micro_batch.position_ids.to(device),
                            attention_mask=mask.to(device) if mask is not None else None,
