@@ -4,10 +4,13 @@
         [--steps 6] [--warmup 2] [--rounds 2] [--set KEY=VALUE ...] [--work-dir DIR] [--write-docs]
 
 A setting TxE runs the config as a user launches it (`python -m hacpo_megatron.launch`) with
-`train.cpu_threads: T` (every trainer rank) and `rollout.cpu_threads: E` (every engine actor), for
-`--warmup` + `--steps` steps, without evaluation, periodic checkpoints, TensorBoard or plots. A run's figure
-is the mean `time/step` (and its phases, and the trainers' `perf/mfu`) over the steps after the warm-up ones
-(start-up, first calls). Rounds alternate the settings (1x1, 2x1, ..., 1x1, 2x1, ...), each run a fresh
+`train.cpu_threads: T` (every trainer rank) and `rollout.cpu_threads: E` (every engine: the embedded
+engine's torch threads, vLLM's CPU worker's), for `--warmup` + `--steps` steps, without evaluation,
+periodic checkpoints, TensorBoard or plots; TxEt adds `train.agents_take_turns: true`. A run's figure is
+the mean over the steps after the warm-up ones (start-up, first calls) of `time/step`, of each phase (the
+slowest agent's, for the per-agent phases), of the learners' phase as the step saw it (the step less
+rollout, reward and log-probs: updates, weight pushes and waits, side by side or in turns) and of the
+trainers' `perf/mfu`. Rounds alternate the settings (1x1, 2x1, ..., 1x1, 2x1, ...), each run a fresh
 process, so the shared machine's load hits them alike; the fastest round of each setting is kept. The
 load average is printed at the start and end. `--write-docs` replaces the results block of
 docs/benchmarks.md's section "Threads per process".
@@ -19,6 +22,7 @@ import datetime
 import json
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -33,21 +37,35 @@ BEGIN, END = "<!-- bench_threads results: begin", "<!-- bench_threads results: e
 PHASES = ("time/rollout", "time/reward", "time/logprob", "time/train", "time/weight_sync")
 
 
+SETTING = re.compile(r"^([1-9]\d*)x([1-9]\d*)(t?)$")  # trainer threads x engine threads, t: agents take turns
+SHARED_PHASES = ("time/rollout", "time/reward", "time/logprob")  # driven once a step (every record the same)
+
+
 def overrides(setting: str, args) -> List[str]:
     """The `--set` lines of one setting's run."""
-    trainer_threads, engine_threads = (int(x) for x in setting.split("x"))
+    trainer_threads, engine_threads, turns = SETTING.match(setting).groups()
     return [f"train.cpu_threads={trainer_threads}", f"rollout.cpu_threads={engine_threads}",
+            f"train.agents_take_turns={'true' if turns else 'false'}",
             f"run.total_steps={args.warmup + args.steps}", "data.eval_every=0", "checkpoint.save_every=0",
             "logging.tensorboard=false", "logging.plots=false", "logging.progress_bar=false", *args.set]
 
 
 def summarize(records: List[Dict], warmup: int) -> Dict[str, float]:
-    """Mean step time, its phases and the trainers' MFU over the steps after `warmup` (steps count from 1;
-    every agent's record of a step carries the step's time/step, its own phases and MFU)."""
+    """Means over the steps after `warmup` (steps count from 1; every agent's record of a step carries the
+    step's time/step and shared phases, its own train and weight_sync, and its MFU) of the step time, each
+    phase's slowest agent, the learners' phase and the trainers' MFU (over agents too)."""
     measured = [r for r in records if r.get("kind") == "train" and r["step"] > warmup]
     if not measured:
         raise RuntimeError(f"no training step after the {warmup} warm-up step(s)")
-    result = {key: sum(r[key] for r in measured) / len(measured) for key in ("time/step",) + PHASES}
+    steps: Dict[int, List[Dict]] = {}
+    for r in measured:
+        steps.setdefault(r["step"], []).append(r)
+    per_step = []
+    for rs in steps.values():
+        figures = {key: max(r[key] for r in rs) for key in ("time/step",) + PHASES}
+        figures["learners"] = figures["time/step"] - sum(figures[key] for key in SHARED_PHASES)
+        per_step.append(figures)
+    result = {key: sum(f[key] for f in per_step) / len(per_step) for key in per_step[0]}
     mfu = [r["perf/mfu"] for r in measured if r.get("perf/mfu") is not None]
     result["mfu"] = sum(mfu) / len(mfu) if mfu else float("nan")  # mean over steps and agents
     return result
@@ -67,12 +85,12 @@ def run_setting(setting: str, args, work: str) -> Dict[str, float]:
 
 def table(results: Dict[str, Dict[str, float]]) -> List[str]:
     base = results[next(iter(results))]["time/step"]
-    lines = ["| setting (trainer x engine threads) | s/step | vs first | "
-             + " | ".join(p.split("/")[1] for p in PHASES) + " | trainers' MFU |",
-             "|" + " --- |" * (4 + len(PHASES))]
+    lines = ["| setting (trainer x engine threads, t: turns) | s/step | vs first | "
+             + " | ".join(p.split("/")[1] for p in PHASES) + " | learners' phase | trainers' MFU |",
+             "|" + " --- |" * (5 + len(PHASES))]
     for setting, r in results.items():
         lines.append(f"| {setting} | {r['time/step']:.2f} | {r['time/step'] / base:.2f} | "
-                     + " | ".join(f"{r[p]:.2f}" for p in PHASES) + f" | {100 * r['mfu']:.0f}% |")
+                     + " | ".join(f"{r[p]:.2f}" for p in PHASES + ("learners",)) + f" | {100 * r['mfu']:.0f}% |")
     return lines
 
 
@@ -95,9 +113,8 @@ def main() -> None:
     parser.add_argument("--write-docs", action="store_true")
     args = parser.parse_args()
     for setting in args.settings:
-        parts = setting.split("x")
-        if len(parts) != 2 or not all(p.isdigit() and int(p) >= 1 for p in parts):
-            parser.error(f"--settings: {setting!r} is not TRAINERxENGINE threads, e.g. 2x1")
+        if not SETTING.match(setting):
+            parser.error(f"--settings: {setting!r} is not TRAINERxENGINE threads, e.g. 2x1 (2x1t: agents take turns)")
     work = args.work_dir or tempfile.mkdtemp(prefix="bench-threads-")
     os.makedirs(work, exist_ok=True)
     start_load, started = os.getloadavg(), time.time()

@@ -89,9 +89,10 @@ class RolloutConfig:
     # after the trainer's pass on the run's first step found them within a tenth of the clip range
     # (training/step_data.py: check_engine_logprobs), saving that pass on every later step
     old_logprobs: Literal["trainer", "engine"] = "trainer"
-    # torch threads of each engine actor's process on a CPU machine (the embedded engine samples with them;
-    # vLLM's CPU worker takes its own from VLLM_CPU_OMP_THREADS_BIND, docs/rollout.md). The step's phases
-    # alternate, so engines and trainer ranks take turns on the same cores (benchmarks/bench_threads.py)
+    # threads of each engine on a CPU machine: the embedded engine's torch threads, vLLM's CPU worker's
+    # OpenMP threads (bound to the first cores the actor may use, unless VLLM_CPU_OMP_THREADS_BIND is set;
+    # rollout/vllm_engine.py). The step's phases alternate, so engines and trainer ranks take turns on the
+    # same cores (benchmarks/bench_threads.py)
     cpu_threads: int = 1
 
 
@@ -139,6 +140,10 @@ class TrainConfig:
     # machine runs several). Worth more than cores / ranks when one agent's update dominates the step (a
     # real model beside a tiny one): the other ranks mostly wait for it in the step's collectives.
     cpu_threads: Optional[int] = None
+    # the agents' updates one after another instead of side by side: each agent's ranks train and push their
+    # weights while the others wait (orchestrator/turns.py). For ranks that share a CPU's cores, each with
+    # cpu_threads of them: two updates at once would ask for more threads than there are cores
+    agents_take_turns: bool = False
     sft_warmup_steps: int = 0  # supervised warm-up before RL of random-init agents (0: none); at most this many
     # steps with sft_warmup_stop_accuracy: stop once sampled (T=1) accuracy on training problems reaches it
     sft_warmup_stop_accuracy: Optional[float] = None

@@ -53,7 +53,8 @@ class EngineActor:
                     with open(os.path.join(config_only, "config.json"), "w") as f:
                         json.dump(hf_config, f)
                     self.engine = make_engine(kind, model_path=config_only, eos_token_ids=sorted(eos_token_ids(tokenizer)),
-                                              tokenizer=tokenizer, seed=seed, load_format="dummy", **kwargs)
+                                              tokenizer=tokenizer, seed=seed, load_format="dummy", cpu_threads=threads,
+                                              **kwargs)
                 return
             if folder is None:
                 raise ValueError(f"the {kind} engine needs a Hugging Face folder: set the agent's init_from")

@@ -19,10 +19,11 @@ from the HF tensors it was made of before comparing.
 """
 from __future__ import annotations
 
+import contextlib
 import gc
 import io
 import os
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -49,14 +50,48 @@ def unpack_tensors(payload: bytes) -> List[Tuple[str, torch.Tensor]]:
     return torch.load(io.BytesIO(payload), weights_only=True)
 
 
+def cpu_thread_binding(threads: int, workers: int, cores: Sequence[int]) -> str:
+    """VLLM_CPU_OMP_THREADS_BIND giving each of vLLM's CPU workers `threads` OpenMP threads, bound to
+    cores this process may run on: worker i the i-th block of them ("0,1|2,3"), wrapping around when
+    there are fewer cores than workers x threads. A worker gets at most every core, never one twice."""
+    cores = sorted(cores)
+    per_worker = min(threads, len(cores))
+    return "|".join(",".join(str(cores[(w * per_worker + i) % len(cores)]) for i in range(per_worker))
+                    for w in range(workers))
+
+
+@contextlib.contextmanager
+def _environment(name: str, value: Optional[str]) -> Iterator[None]:
+    """`name` set to `value` inside the block (None: left as it is), as it was after."""
+    before = os.environ.get(name)
+    if value is not None:
+        os.environ[name] = value
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before
+
+
 class VLLMEngine(RolloutEngine):
     def __init__(self, model_path: str, *, eos_token_ids: Sequence[int] = (), dtype: str = "auto", seed: int = 0,
                  max_model_len: int = 4096, gpu_memory_utilization: float = 0.5, tensor_parallel_size: int = 1,
-                 bucket_bytes: int = DEFAULT_BUCKET_BYTES, tokenizer: Any = None, **engine_kwargs):
+                 bucket_bytes: int = DEFAULT_BUCKET_BYTES, tokenizer: Any = None, cpu_threads: Optional[int] = None,
+                 **engine_kwargs):
         """`tokenizer`: decode responses with this (the agent's own) tokenizer instead of vLLM's, so
         that the text scored is exactly what the other engines produce; vLLM then starts without one
-        (`skip_tokenizer_init`) and `model_path` needs only config.json (with `load_format="dummy"`)."""
+        (`skip_tokenizer_init`) and `model_path` needs only config.json (with `load_format="dummy"`).
+
+        `cpu_threads` (CPU only): OpenMP threads of each of vLLM's CPU workers (a run's
+        `rollout.cpu_threads`), unless VLLM_CPU_OMP_THREADS_BIND is set already. vLLM's own default
+        keeps a core for its scheduler and gives a worker the rest of a NUMA node: one thread on a
+        2-core machine, every core but one on a large one. None: vLLM's default."""
         on_gpu = torch.cuda.is_available()
+        binding = None
+        if not on_gpu and cpu_threads and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
+            binding = cpu_thread_binding(cpu_threads, tensor_parallel_size, sorted(os.sched_getaffinity(0)))
         if not on_gpu:
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of KV cache on CPU
         from vllm import LLM
@@ -73,21 +108,22 @@ class VLLMEngine(RolloutEngine):
             # with chunked prefill off, a prompt is always prefilled whole.
             engine_kwargs.setdefault("enable_chunked_prefill", False)
             engine_kwargs.setdefault("max_num_batched_tokens", max(max_model_len, 8192))
-        self.llm = LLM(
-            model=model_path,
-            dtype=dtype if on_gpu else "float32",
-            seed=seed,
-            max_model_len=max_model_len,
-            tensor_parallel_size=tensor_parallel_size,
-            gpu_memory_utilization=gpu_memory_utilization,
-            enforce_eager=not on_gpu,
-            enable_sleep_mode=on_gpu,
-            # log-probs after the temperature, as the trainer computes them (see rollout/base.py)
-            logprobs_mode="processed_logprobs",
-            worker_extension_cls=EXTENSION,
-            skip_tokenizer_init=tokenizer is not None,
-            **engine_kwargs,
-        )
+        with _environment("VLLM_CPU_OMP_THREADS_BIND", binding):  # read as vLLM starts its workers
+            self.llm = LLM(
+                model=model_path,
+                dtype=dtype if on_gpu else "float32",
+                seed=seed,
+                max_model_len=max_model_len,
+                tensor_parallel_size=tensor_parallel_size,
+                gpu_memory_utilization=gpu_memory_utilization,
+                enforce_eager=not on_gpu,
+                enable_sleep_mode=on_gpu,
+                # log-probs after the temperature, as the trainer computes them (see rollout/base.py)
+                logprobs_mode="processed_logprobs",
+                worker_extension_cls=EXTENSION,
+                skip_tokenizer_init=tokenizer is not None,
+                **engine_kwargs,
+            )
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> List[List[Completion]]:
         from vllm import SamplingParams as VllmSamplingParams
@@ -153,6 +189,10 @@ class VLLMEngine(RolloutEngine):
     def end_bucket_stream(self, buckets_sent: int) -> None:
         self.llm.collective_rpc("hacpo_end_bucket_stream", args=(buckets_sent,))
 
+    def worker_threads(self) -> List[Dict[str, Any]]:
+        """Each worker's torch threads and the cores its threads are pinned to (what `cpu_threads` sets on CPU)."""
+        return self.llm.collective_rpc("hacpo_threads")
+
     def check_weights(self, named_tensors: NamedTensors, atol: float = 0.0) -> WeightCheck:
         """Stream the tensors into the workers bucket by bucket, then compare there.
 
@@ -182,6 +222,11 @@ class VLLMEngine(RolloutEngine):
 # ------------------------------------------------------------------------------------- in vLLM workers
 class WeightSyncExtension:
     """Methods vLLM mixes into its worker class; `self.model_runner.model` is the vLLM model."""
+
+    def hacpo_threads(self) -> Dict[str, Any]:
+        affinities = [os.sched_getaffinity(int(thread)) for thread in os.listdir("/proc/self/task")]
+        return {"torch_threads": torch.get_num_threads(),
+                "pinned_cores": sorted({core for cores in affinities if len(cores) == 1 for core in cores})}
 
     def hacpo_clear_staged(self, purpose: str) -> None:
         self._staged(purpose).clear()

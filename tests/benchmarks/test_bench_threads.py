@@ -16,20 +16,23 @@ def bench():
 def test_a_settings_overrides_make_a_valid_config_with_its_thread_counts(bench):
     args = argparse.Namespace(warmup=2, steps=3, set=["data.prompt_batch_size=8"])
     cfg = load_config(REPO / "configs" / "default.yaml", overrides=bench.overrides("2x3", args))
-    assert (cfg.train.cpu_threads, cfg.rollout.cpu_threads) == (2, 3)
+    assert (cfg.train.cpu_threads, cfg.rollout.cpu_threads, cfg.train.agents_take_turns) == (2, 3, False)
+    assert load_config(REPO / "configs" / "default.yaml", overrides=bench.overrides("1x2t", args)).train.agents_take_turns
     assert cfg.run.total_steps == 5 and cfg.data.eval_every == 0 and cfg.checkpoint.save_every == 0
     assert cfg.data.prompt_batch_size == 8
 
 
 def test_summary_leaves_out_warmup_steps_and_evaluations(bench):
-    def record(step, agent, seconds, mfu):
+    def record(step, agent, seconds, mfu, train):
         return {"kind": "train", "step": step, "agent": agent, "time/step": seconds, "perf/mfu": mfu,
-                **{key: seconds / 10 for key in bench.PHASES}}
-    records = [record(1, "a", 50.0, 0.01), record(1, "b", 50.0, 0.01),  # the warm-up step
-               record(2, "a", 4.0, 0.2), record(2, "b", 4.0, 0.4), {"kind": "eval", "step": 2, "agent": "a"},
-               record(3, "a", 6.0, 0.3), record(3, "b", 6.0, None)]  # an agent without the figure
+                **{key: seconds / 10 for key in bench.PHASES}, "time/train": train}
+    records = [record(1, "a", 50.0, 0.01, 9.0), record(1, "b", 50.0, 0.01, 9.0),  # the warm-up step
+               record(2, "a", 4.0, 0.2, 2.0), record(2, "b", 4.0, 0.4, 1.0), {"kind": "eval", "step": 2, "agent": "a"},
+               record(3, "a", 6.0, 0.3, 1.0), record(3, "b", 6.0, None, 3.0)]  # an agent without the figure
     result = bench.summarize(records, warmup=1)
-    assert result["time/step"] == pytest.approx(5.0) and result["time/train"] == pytest.approx(0.5)
+    assert result["time/step"] == pytest.approx(5.0)
+    assert result["time/train"] == pytest.approx(2.5)  # the slower agent's, step by step: 2 and 3
+    assert result["learners"] == pytest.approx(5.0 - 3 * 0.5)  # the step less rollout, reward, log-probs
     assert result["mfu"] == pytest.approx(0.3)
     with pytest.raises(RuntimeError, match="no training step after the 3"):
         bench.summarize(records, warmup=3)

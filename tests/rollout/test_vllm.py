@@ -10,6 +10,8 @@ import sys
 
 import pytest
 
+from hacpo_megatron.rollout.vllm_engine import cpu_thread_binding
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -49,3 +51,19 @@ def test_vllm_weight_update_changes_generation_and_check_mode_confirms_it(facts)
     assert facts["update_without_begin_raises"]
     assert facts["generation_changed"]
     assert facts["logprob_max_abs_diff_after_update"] < 1e-4
+
+
+def test_vllm_cpu_worker_runs_the_threads_asked_for_on_the_first_cores(facts):
+    # vLLM's default would give a 2-core machine's worker one thread (a core kept for its scheduler)
+    (worker,) = facts["worker_threads"]
+    expected = facts["cores_here"][:2]
+    assert worker["torch_threads"] == len(expected)
+    assert worker["pinned_cores"] == expected  # each OpenMP thread on one of them
+    assert facts["bind_variable_after_start"] is None  # the engine's process environment is left as it was
+
+
+def test_thread_binding_gives_each_worker_its_own_block_of_the_allowed_cores():
+    assert cpu_thread_binding(2, 1, [0, 1]) == "0,1"
+    assert cpu_thread_binding(2, 2, [7, 3, 5, 4]) == "3,4|5,7"  # sorted, one block per worker
+    assert cpu_thread_binding(1, 3, [2, 6]) == "2|6|2"  # more workers than cores: they wrap around
+    assert cpu_thread_binding(8, 1, [0, 1]) == "0,1"  # never more threads than cores, never a core twice

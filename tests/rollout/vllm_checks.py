@@ -47,10 +47,13 @@ def main(out_path, workdir):
     shutil.copy(f"{workdir}/a/config.json", f"{workdir}/config_only/config.json")
     tokenizer = load_tokenizer("qwen3")
     engine = make_engine("vllm", model_path=f"{workdir}/config_only", eos_token_ids=[151645], seed=0,
-                         max_model_len=256, load_format="dummy", tokenizer=tokenizer)
+                         max_model_len=256, load_format="dummy", tokenizer=tokenizer, cpu_threads=2)
     assert isinstance(engine, VLLMEngine)
     prompts = [[9707, 11, 1879, 0], [785, 3974, 315, 9625, 374, 220, 17]]
     facts = {}
+    facts["worker_threads"] = engine.worker_threads()
+    facts["cores_here"] = sorted(os.sched_getaffinity(0))
+    facts["bind_variable_after_start"] = os.environ.get("VLLM_CPU_OMP_THREADS_BIND")
     # a trainer sends a tied embedding once, without lm_head.weight (as HF checkpoints store it): the
     # engine's head must still follow the embedding
     push_weights(engine, [(n, t) for n, t in model_a.state_dict().items() if n != "lm_head.weight"])
