@@ -6,14 +6,13 @@
 A setting TxE runs the config as a user launches it (`python -m hacpo_megatron.launch`) with
 `train.cpu_threads: T` (every trainer rank) and `rollout.cpu_threads: E` (every engine: the embedded
 engine's torch threads, vLLM's CPU worker's), for `--warmup` + `--steps` steps, without evaluation,
-periodic checkpoints, TensorBoard or plots; TxEt adds `train.agents_take_turns: true`. A run's figure is
-the mean over the steps after the warm-up ones (start-up, first calls) of `time/step`, of each phase (the
-slowest agent's, for the per-agent phases), of the learners' phase as the step saw it (the step less
-rollout, reward and log-probs: updates, weight pushes and waits, side by side or in turns) and of the
-trainers' `perf/mfu`. Rounds alternate the settings (1x1, 2x1, ..., 1x1, 2x1, ...), each run a fresh
-process, so the shared machine's load hits them alike; the fastest round of each setting is kept. The
-load average is printed at the start and end. `--write-docs` replaces the results block of
-docs/benchmarks.md's section "Threads per process".
+periodic checkpoints, TensorBoard or plots. A run's figure is the mean over the steps after the warm-up
+ones (start-up, first calls) of `time/step`, of each phase (the slowest agent's, for the per-agent
+phases), of the learners' phase as the step saw it (the step less rollout, reward and log-probs: the
+agents' updates side by side, weight pushes, waits) and of the trainers' `perf/mfu`. Rounds alternate the
+settings (1x1, 2x1, ..., 1x1, 2x1, ...), each run a fresh process, so the shared machine's load hits them
+alike; the fastest round of each setting is kept. The load average is printed at the start and end.
+`--write-docs` replaces the results block of docs/benchmarks.md's section "Threads per process".
 """
 from __future__ import annotations
 
@@ -37,15 +36,14 @@ BEGIN, END = "<!-- bench_threads results: begin", "<!-- bench_threads results: e
 PHASES = ("time/rollout", "time/reward", "time/logprob", "time/train", "time/weight_sync")
 
 
-SETTING = re.compile(r"^([1-9]\d*)x([1-9]\d*)(t?)$")  # trainer threads x engine threads, t: agents take turns
+SETTING = re.compile(r"^([1-9]\d*)x([1-9]\d*)$")  # trainer threads x engine threads
 SHARED_PHASES = ("time/rollout", "time/reward", "time/logprob")  # driven once a step (every record the same)
 
 
 def overrides(setting: str, args) -> List[str]:
     """The `--set` lines of one setting's run."""
-    trainer_threads, engine_threads, turns = SETTING.match(setting).groups()
+    trainer_threads, engine_threads = SETTING.match(setting).groups()
     return [f"train.cpu_threads={trainer_threads}", f"rollout.cpu_threads={engine_threads}",
-            f"train.agents_take_turns={'true' if turns else 'false'}",
             f"run.total_steps={args.warmup + args.steps}", "data.eval_every=0", "checkpoint.save_every=0",
             "logging.tensorboard=false", "logging.plots=false", "logging.progress_bar=false", *args.set]
 
@@ -85,7 +83,7 @@ def run_setting(setting: str, args, work: str) -> Dict[str, float]:
 
 def table(results: Dict[str, Dict[str, float]]) -> List[str]:
     base = results[next(iter(results))]["time/step"]
-    lines = ["| setting (trainer x engine threads, t: turns) | s/step | vs first | "
+    lines = ["| setting (trainer x engine threads) | s/step | vs first | "
              + " | ".join(p.split("/")[1] for p in PHASES) + " | learners' phase | trainers' MFU |",
              "|" + " --- |" * (5 + len(PHASES))]
     for setting, r in results.items():
@@ -114,7 +112,7 @@ def main() -> None:
     args = parser.parse_args()
     for setting in args.settings:
         if not SETTING.match(setting):
-            parser.error(f"--settings: {setting!r} is not TRAINERxENGINE threads, e.g. 2x1 (2x1t: agents take turns)")
+            parser.error(f"--settings: {setting!r} is not TRAINERxENGINE threads, e.g. 2x1")
     work = args.work_dir or tempfile.mkdtemp(prefix="bench-threads-")
     os.makedirs(work, exist_ok=True)
     start_load, started = os.getloadavg(), time.time()

@@ -140,10 +140,6 @@ class TrainConfig:
     # machine runs several). Worth more than cores / ranks when one agent's update dominates the step (a
     # real model beside a tiny one): the other ranks mostly wait for it in the step's collectives.
     cpu_threads: Optional[int] = None
-    # the agents' updates one after another instead of side by side: each agent's ranks train and push their
-    # weights while the others wait (orchestrator/turns.py). For ranks that share a CPU's cores, each with
-    # cpu_threads of them: two updates at once would ask for more threads than there are cores
-    agents_take_turns: bool = False
     sft_warmup_steps: int = 0  # supervised warm-up before RL of random-init agents (0: none); at most this many
     # steps with sft_warmup_stop_accuracy: stop once sampled (T=1) accuracy on training problems reaches it
     sft_warmup_stop_accuracy: Optional[float] = None

@@ -12,8 +12,7 @@
       8. log; evaluate every K steps; checkpoint
 
 Agents sharing ranks run their phases one after another (time-sharing); agents on disjoint ranks
-run theirs at the same time, or their updates in turns (train.agents_take_turns: ranks sharing a CPU's
-cores). Rank 0 is the driver of everything that is not per agent.
+run theirs at the same time. Rank 0 is the driver of everything that is not per agent.
 """
 from __future__ import annotations
 
@@ -39,7 +38,6 @@ from hacpo_megatron.orchestrator.actors import call_with_restarts, wait_until_al
 from hacpo_megatron.orchestrator.preemption import Preempted, PreemptionGuard
 from hacpo_megatron.orchestrator.ray_runtime import RayRuntime
 from hacpo_megatron.orchestrator.startup import start_actors
-from hacpo_megatron.orchestrator.turns import learner_turns
 from hacpo_megatron.parallel.groups import AgentParallel, create_agent_groups, init_distributed
 from hacpo_megatron.parallel.layout import required_world_size
 from hacpo_megatron.rollout.base import SamplingParams
@@ -227,10 +225,9 @@ def _hacpo_step(step, cfg, spec, agents: Agents, sampler, tracker, reward_actor,
                  for k in agents.references}
     times["time/logprob"] = time.perf_counter() - t
 
-    # 6-7. each hosted learner: bridge, train, push weights (with train.agents_take_turns, one agent at a time)
+    # 6-7. each hosted learner: bridge, train, push weights
     local: Dict[int, Dict[str, float]] = {}
-    for k in learner_turns(agents.trainers, n, cfg.train.agents_take_turns):
-        trainer = agents.trainers[k]
+    for k, trainer in agents.trainers.items():
         t = time.perf_counter()
         rows, bridge_stats = learner_rows(k, prompts=prompts, rollouts=rollouts, old=old, effective=advantages.effective,
                                           trains_on=advantages.trains_on, tokenizers=agents.tokenizers,

@@ -16,8 +16,7 @@ def bench():
 def test_a_settings_overrides_make_a_valid_config_with_its_thread_counts(bench):
     args = argparse.Namespace(warmup=2, steps=3, set=["data.prompt_batch_size=8"])
     cfg = load_config(REPO / "configs" / "default.yaml", overrides=bench.overrides("2x3", args))
-    assert (cfg.train.cpu_threads, cfg.rollout.cpu_threads, cfg.train.agents_take_turns) == (2, 3, False)
-    assert load_config(REPO / "configs" / "default.yaml", overrides=bench.overrides("1x2t", args)).train.agents_take_turns
+    assert (cfg.train.cpu_threads, cfg.rollout.cpu_threads) == (2, 3)
     assert cfg.run.total_steps == 5 and cfg.data.eval_every == 0 and cfg.checkpoint.save_every == 0
     assert cfg.data.prompt_batch_size == 8
 

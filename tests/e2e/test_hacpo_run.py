@@ -150,12 +150,6 @@ def test_engine_log_probs_replace_the_old_log_prob_pass_after_the_first_step(ref
         assert r["loss"] == pytest.approx(ref["loss"], rel=1e-3, abs=1e-6)
 
 
-def test_agents_taking_turns_learn_exactly_what_they_learn_side_by_side(reference_run, tmp_path, cache):
-    out = tmp_path / "run"  # the updates one agent at a time (orchestrator/turns.py): the same numbers
-    run(small_config(tmp_path, cache, train={"agents_take_turns": True}), out)
-    assert comparable(metrics(out)) == comparable(metrics(reference_run))
-
-
 @pytest.mark.parametrize("algorithm,updates", [("gspo", 2), ("gspo_x2", 4), ("naive", 4), ("grpo", 2)])
 def test_baselines_run_to_completion(tmp_path, cache, algorithm, updates):
     out = tmp_path / "run"
