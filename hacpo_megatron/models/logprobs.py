@@ -54,7 +54,7 @@ def token_logprobs_from_logits(
     cpu_compat.apply()
     from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
 
-    logits = vocab_parallel_logits.float() / temperature  # a new tensor: megatron edits its input
+    logits = vocab_parallel_logits
     if vocab_size is not None:
         local_size = logits.shape[-1]
         tp_rank = dist.get_rank(tp_group) if tp_group is not None else 0
@@ -63,8 +63,47 @@ def token_logprobs_from_logits(
             is_padding = torch.arange(first_row, first_row + local_size, device=logits.device) >= vocab_size
             logits = logits.masked_fill(is_padding, float("-inf"))
     if tp_group is None or tp_group.size() == 1:
-        return torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+        rows = TargetLogProb.apply(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), temperature)
+        return rows.view(targets.shape)
+    logits = logits.float() / temperature  # a new tensor: megatron edits its input
     return -vocab_parallel_cross_entropy(logits, targets, tp_group=tp_group)
+
+
+CHUNK_ELEMENTS = 1 << 20  # fp32 logits per chunk (4 MB): a chunk's temporaries stay in the CPU's cache
+
+
+class TargetLogProb(torch.autograd.Function):
+    """log softmax(logits / T)[target] of each row of [N, V] logits, with one [N, V] buffer in all.
+
+    Composed (divide, log_softmax, gather), every step writes an [N, V] tensor, and so does every step of
+    the backward (gather's zeros, log_softmax's and the divide's gradients): with a 150k-word vocabulary on
+    a CPU those memory passes cost more than the output layer's matmul. Here the forward keeps logits / T
+    in fp32 and each row's log-sum-exp (computed a chunk of rows at a time), and the backward turns that
+    buffer into the gradient in place: d/dlogits = (onehot(target) - softmax(logits / T)) * grad / T.
+    """
+
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, targets: torch.Tensor, temperature: float) -> torch.Tensor:
+        dtype = torch.promote_types(logits.dtype, torch.float32)  # bf16 logits: fp32 log-probs, as before
+        scaled = logits.div(temperature) if logits.dtype == dtype else logits.to(dtype).div_(temperature)
+        rows = max(1, CHUNK_ELEMENTS // scaled.shape[-1])
+        log_sum_exp = torch.cat([torch.logsumexp(chunk, dim=-1) for chunk in scaled.split(rows)])
+        ctx.buffer, ctx.rows, ctx.temperature, ctx.dtype = scaled, rows, temperature, logits.dtype
+        ctx.save_for_backward(log_sum_exp, targets)
+        return scaled.gather(-1, targets[:, None])[:, 0] - log_sum_exp
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> Tuple[torch.Tensor, None, None]:
+        log_sum_exp, targets = ctx.saved_tensors
+        buffer, ctx.buffer = ctx.buffer, None  # the forward's own tensor, reused: one backward per forward
+        if buffer is None:
+            raise RuntimeError("TargetLogProb: backward through the same log-probs twice (retain_graph)")
+        scale = grad.to(buffer.dtype) / ctx.temperature
+        for chunk, chunk_lse, chunk_scale in zip(buffer.split(ctx.rows), log_sum_exp.split(ctx.rows),
+                                                 scale.split(ctx.rows)):
+            chunk.sub_(chunk_lse[:, None]).exp_().mul_(-chunk_scale[:, None])  # -softmax * grad / T
+        buffer.scatter_add_(-1, targets[:, None], scale[:, None])  # + onehot(target) * grad / T
+        return buffer.to(ctx.dtype), None, None
 
 
 # ------------------------------------------------------------------------------------------------
@@ -238,8 +277,9 @@ def make_forward_step(agent: AgentModel, *, temperature: float = 1.0,
 
     def loss_func(micro_batch: PackedBatch, response_logits: torch.Tensor) -> Tuple[Any, ...]:
         # response_logits [T, 1, V/TP]: one row per response token, at the position that predicts it
+        # squeeze(1) is a view; indexing [:, 0] would write a zeroed [T, 1, V] gradient in backward
         token_logprobs = token_logprobs_from_logits(
-            response_logits[:, 0], micro_batch.targets.to(response_logits.device), temperature=temperature,
+            response_logits.squeeze(1), micro_batch.targets.to(response_logits.device), temperature=temperature,
             vocab_size=agent.vocab_size, tp_group=tp_group,
         )
         if loss_fn is not None:

@@ -31,6 +31,45 @@ def test_padded_vocabulary_rows_take_no_probability():
     torch.testing.assert_close(got, torch.log(torch.tensor([[1 / 6]])))
 
 
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_target_logprob_value_and_gradient_match_the_composed_float64_reference(monkeypatch, temperature):
+    import hacpo_megatron.models.logprobs as logprobs
+
+    monkeypatch.setattr(logprobs, "CHUNK_ELEMENTS", 3 * 40 + 1)  # chunks of 3 rows: 13 rows end mid-chunk
+    g = torch.Generator().manual_seed(1)
+    logits = (torch.randn(13, 40, generator=g, dtype=torch.float64) * 4).requires_grad_()
+    targets = torch.randint(0, 40, (13,), generator=g)
+    weights = torch.randn(13, generator=g, dtype=torch.float64)  # a loss that weighs rows differently
+    got = logprobs.TargetLogProb.apply(logits, targets, temperature)
+    (got * weights).sum().backward()
+    reference_logits = logits.detach().clone().requires_grad_()
+    expected = torch.log_softmax(reference_logits / temperature, -1).gather(-1, targets[:, None])[:, 0]
+    (expected * weights).sum().backward()
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-12)
+    torch.testing.assert_close(logits.grad, reference_logits.grad, rtol=0, atol=1e-12)
+
+
+def test_target_logprob_gives_bf16_logits_a_bf16_gradient_and_refuses_a_second_backward():
+    from hacpo_megatron.models.logprobs import TargetLogProb
+
+    logits = torch.randn(4, 32, dtype=torch.bfloat16, requires_grad=True)
+    targets = torch.tensor([0, 5, 31, 7])
+    out = TargetLogProb.apply(logits, targets, 1.0)
+    assert out.dtype == torch.float32  # log-probs in fp32, as the composed version computed them
+    expected = torch.log_softmax(logits.detach().float(), -1).gather(-1, targets[:, None])[:, 0]
+    torch.testing.assert_close(out.detach(), expected)
+    out.sum().backward(retain_graph=True)
+    assert logits.grad.dtype == torch.bfloat16
+    with pytest.raises(RuntimeError, match="backward through the same log-probs twice"):
+        out.sum().backward()
+
+
+def test_padded_vocabulary_rows_get_no_gradient():
+    logits = torch.randn(2, 3, 8, requires_grad=True)
+    token_logprobs_from_logits(logits, torch.tensor([[1, 2, 3], [0, 4, 5]]), vocab_size=6).sum().backward()
+    assert torch.all(logits.grad[..., 6:] == 0) and torch.all(logits.grad[..., :6] != 0)
+
+
 def test_pack_sequences_one_row_per_sequence_predicts_each_token_from_the_position_before():
     batch = pack_sequences([([1, 2], [3, 4, 5]), ([7], [8])], [0, 1], pad_id=0)
     assert batch.tokens.tolist() == [[1, 2, 3, 4, 5], [7, 8, 0, 0, 0]]

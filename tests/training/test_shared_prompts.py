@@ -29,9 +29,11 @@ def test_updates_are_the_same(report):
     for update, (a, b) in enumerate(zip(shared["metrics"], separate["metrics"])):
         # A row matched to another row's advantage or old log-prob would move loss, ratios and gradient by
         # far more. The first update agrees to float reassociation (~1e-7); Adam at lr 1e-2 amplifies that
-        # into ~5e-5 by the fourth.
+        # into ~1e-5 by the fourth, absolute for a loss that is a sum of terms cancelling to near 0 there
+        # (0.005 from terms of ~0.1: 3e-6 apart).
         for key in ("loss", "grad_norm", "own_ratio_mean", "cross_ratio_mean", "num_own", "num_cross"):
-            assert a[key] == pytest.approx(b[key], rel=1e-5 if update == 0 else 3e-4, abs=1e-8), (update, key)
+            assert a[key] == pytest.approx(b[key], rel=1e-5 if update == 0 else 3e-4,
+                                           abs=1e-8 if update == 0 else 1e-5), (update, key)
         # the shared rows hold fewer tokens for the same work: the prompt's model FLOPs count once per row
         assert a["perf/model_flops_per_s"] > 0
     for p, q in zip(shared["params"], separate["params"]):
