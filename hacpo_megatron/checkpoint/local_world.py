@@ -34,10 +34,12 @@ import sys
 import time
 import traceback
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
+
+from hacpo_megatron.environment import environment_set
 
 HOST = "127.0.0.1"
 STOP_GRACE_S = 5.0  # after SIGTERM, before SIGKILL
@@ -141,7 +143,7 @@ def _spawn_and_wait(ref: _FunctionRef, args: tuple, kwargs: dict, world_size: in
                                LOCAL_WORLD_SIZE=str(world_size), GROUP_RANK="0", MASTER_ADDR=HOST,
                                MASTER_PORT=str(store.port), TORCHELASTIC_USE_AGENT_STORE="True",
                                OMP_NUM_THREADS="1")
-            with _environment(environment):  # a spawned child starts with this environment
+            with environment_set(environment):  # a spawned child starts with this environment
                 process.start()
             sender.close()
             processes.append(process)
@@ -158,20 +160,6 @@ def _spawn_and_wait(ref: _FunctionRef, args: tuple, kwargs: dict, world_size: in
             raise error from _RemoteTraceback(remote_traceback)
         raise error
     return result
-
-
-@contextlib.contextmanager
-def _environment(values: Dict[str, str]) -> Iterator[None]:
-    saved = {key: os.environ.get(key) for key in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 def _wait(processes: List[Any], connections: List[Any]) -> Tuple[Any, Optional[Tuple[BaseException, str]]]:

@@ -19,14 +19,14 @@ from the HF tensors it was made of before comparing.
 """
 from __future__ import annotations
 
-import contextlib
 import gc
 import io
 import os
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from hacpo_megatron.environment import environment_set
 from hacpo_megatron.rollout.base import (
     DEFAULT_BUCKET_BYTES, Completion, NamedTensors, RolloutEngine, SamplingParams, WeightCheck, weight_buckets,
 )
@@ -60,21 +60,6 @@ def cpu_thread_binding(threads: int, workers: int, cores: Sequence[int]) -> str:
                     for w in range(workers))
 
 
-@contextlib.contextmanager
-def _environment(name: str, value: Optional[str]) -> Iterator[None]:
-    """`name` set to `value` inside the block (None: left as it is), as it was after."""
-    before = os.environ.get(name)
-    if value is not None:
-        os.environ[name] = value
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = before
-
-
 class VLLMEngine(RolloutEngine):
     def __init__(self, model_path: str, *, eos_token_ids: Sequence[int] = (), dtype: str = "auto", seed: int = 0,
                  max_model_len: int = 4096, gpu_memory_utilization: float = 0.5, tensor_parallel_size: int = 1,
@@ -89,9 +74,10 @@ class VLLMEngine(RolloutEngine):
         keeps a core for its scheduler and gives a worker the rest of a NUMA node: one thread on a
         2-core machine, every core but one on a large one. None: vLLM's default."""
         on_gpu = torch.cuda.is_available()
-        binding = None
+        binding = {}  # read by vLLM as it starts its workers
         if not on_gpu and cpu_threads and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
-            binding = cpu_thread_binding(cpu_threads, tensor_parallel_size, sorted(os.sched_getaffinity(0)))
+            cores = sorted(os.sched_getaffinity(0))
+            binding["VLLM_CPU_OMP_THREADS_BIND"] = cpu_thread_binding(cpu_threads, tensor_parallel_size, cores)
         if not on_gpu:
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of KV cache on CPU
         from vllm import LLM
@@ -108,7 +94,7 @@ class VLLMEngine(RolloutEngine):
             # with chunked prefill off, a prompt is always prefilled whole.
             engine_kwargs.setdefault("enable_chunked_prefill", False)
             engine_kwargs.setdefault("max_num_batched_tokens", max(max_model_len, 8192))
-        with _environment("VLLM_CPU_OMP_THREADS_BIND", binding):  # read as vLLM starts its workers
+        with environment_set(binding):
             self.llm = LLM(
                 model=model_path,
                 dtype=dtype if on_gpu else "float32",
@@ -224,9 +210,14 @@ class WeightSyncExtension:
     """Methods vLLM mixes into its worker class; `self.model_runner.model` is the vLLM model."""
 
     def hacpo_threads(self) -> Dict[str, Any]:
-        affinities = [os.sched_getaffinity(int(thread)) for thread in os.listdir("/proc/self/task")]
-        return {"torch_threads": torch.get_num_threads(),
-                "pinned_cores": sorted({core for cores in affinities if len(cores) == 1 for core in cores})}
+        pinned = set()
+        for thread in os.listdir("/proc/self/task"):
+            try:
+                cores = os.sched_getaffinity(int(thread))
+            except ProcessLookupError:  # the thread ended meanwhile
+                continue
+            pinned |= cores if len(cores) == 1 else set()
+        return {"torch_threads": torch.get_num_threads(), "pinned_cores": sorted(pinned)}
 
     def hacpo_clear_staged(self, purpose: str) -> None:
         self._staged(purpose).clear()
