@@ -49,7 +49,7 @@ from hacpo_megatron.training.step_data import (
     OldLogProbs, check_engine_logprobs, drop_overlong_prompts, engine_old_logprobs, learner_rows, own_sequences,
     render_prompts, reward_items, rewards_tensor, rollout_stats, with_learner_old_logprobs,
 )
-from hacpo_megatron.training.trainer import AgentTrainer, TrainHyperparams
+from hacpo_megatron.training.trainer import AgentTrainer, TrainHyperparams, time_gemm_peaks_in_turn
 
 # (agent config, its parallel layout, its HF config, seed) -> this rank's AgentModel with initial weights
 ModelProvider = Callable[[Any, AgentParallel, Dict[str, Any], int], AgentModel]
@@ -124,6 +124,7 @@ def run_hacpo(cfg: Config, options: RunOptions, model_provider: ModelProvider) -
     if options.resume:
         start_step = checkpointing.load_latest(options.output_dir, agents, tracker, sampler)
     _push_all_weights(agents, options)
+    time_gemm_peaks_in_turn(list(agents.trainers.values()))  # perf/mfu's denominator, engines loaded and idle
 
     reporter = _reporter(cfg, agents, options, start_step) if rank == 0 else None
     if rank == 0 and start_step == 0 and cfg.data.eval_every and eval_set:

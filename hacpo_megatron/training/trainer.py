@@ -73,6 +73,20 @@ class TrainHyperparams:
     share_prompts: bool = True  # the responses to one prompt share a row, the prompt computed once (exact)
 
 
+def time_gemm_peaks_in_turn(trainers: Sequence["AgentTrainer"]) -> None:
+    """Every rank times its trainers' GEMM peaks while the others wait (collective over the world).
+
+    Ranks of a CPU run share the cores: a peak timed while another rank computes reads low, and the MFU
+    against it high (over 100 % was seen when the peaks were timed at the first update, agents' updates
+    running side by side). Timed alone, the peak is what the rank's threads get from the machine.
+    """
+    for rank in range(dist.get_world_size()):
+        if rank == dist.get_rank():
+            for trainer in trainers:
+                trainer.gemm_peak
+        dist.barrier()
+
+
 def _finalize_grads(model_chunks, num_tokens, *, pg_collection, force_all_reduce=False):
     """Megatron's finalize step (DP all-reduce, TP layernorm/embedding sums) without token rescaling."""
     from megatron.core.distributed import finalize_model_grads
@@ -127,9 +141,8 @@ class AgentTrainer:
 
     @property
     def gemm_peak(self) -> float:
-        """The agent's GEMM peak, FLOP/s (every rank alike): what "perf/mfu" is a fraction of. Timed at the
-        first update, when the run's other processes wait for the trainers (at start-up the engines are
-        loading and a CPU peak came out low)."""
+        """The agent's GEMM peak, FLOP/s (every rank alike): what "perf/mfu" is a fraction of. Timed on first
+        use; a run times it before its first step with every rank in turn (`time_gemm_peaks_in_turn`)."""
         if self._gemm_peak is None:
             on_gpu = torch.cuda.is_available()
             device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")

@@ -53,3 +53,16 @@ def test_gemm_peak_is_the_fastest_trial(monkeypatch):
 def test_gemm_peak_of_this_cpu_is_a_plausible_rate():
     peak = gemm_peak_flops(torch.float32, torch.device("cpu"), size=256)
     assert 1e8 < peak < 1e13  # between a slow core and far more than a 2-core machine's fp32 peak
+
+
+def test_ranks_time_their_gemm_peaks_one_after_another(tmp_path):
+    """A peak timed while another rank computes reads low: no two ranks' timings may overlap."""
+    import json
+
+    from tests.models.torchrun import REPO, run_torchrun
+
+    run_torchrun(REPO / "tests" / "training" / "workers" / "gemm_peak_turns_worker.py", 3, str(tmp_path / "log"))
+    intervals = [json.loads((tmp_path / f"log.{rank}.json").read_text()) for rank in range(3)]
+    assert [len(i) for i in intervals] == [2, 2, 2]  # every trainer of every rank timed
+    for rank in range(2):  # rank r + 1 starts after rank r has finished both of its trainers
+        assert intervals[rank + 1][0][0] >= intervals[rank][-1][1]
