@@ -9,13 +9,13 @@ backward. Here the row is cut into dense blocks instead:
     prompt block of a row:   its P prompt tokens over the same P tokens              (causal)
     block of each response:  its L tokens over [the prompt's P tokens, its L tokens]  (causal, shifted by P)
 
-and each kind of block is one call of torch's scaled_dot_product_attention (a fused kernel: flash on CPU
-and GPU) over the blocks stacked and right-padded. Within a block a query attends to a key when the key's
-position in its own plain sequence is at most the query's and the key is not padding; that is exactly the
-shared-prompt mask, so every real token gets what megatron's masked attention gives it, up to the order of
-floating-point sums. Padding positions of the row get zeros (nothing reads them).
+and blocks of one kind and similar length are stacked, right-padded, into one call of torch's
+scaled_dot_product_attention (a fused kernel: flash on CPU and GPU). Within a block a query attends to a
+key when the key's position in its own plain sequence is at most the query's and the key is not padding;
+that is exactly the shared-prompt mask, so every real token gets what megatron's masked attention gives it,
+up to the order of floating-point sums. Padding positions of the row get zeros (nothing reads them).
 
-    blocks = attention_blocks(packed.layout, width, device)   # once per micro-batch
+    blocks = attention_blocks(packed.layout, device)          # once per micro-batch
     with blocked_attention(blocks):
         model(tokens, ...)                                     # every SharedPromptAttention reads them
 
@@ -49,6 +49,7 @@ class AttentionBlocks:
     keys: torch.Tensor  # [blocks, K] long
     allowed: torch.Tensor  # [blocks, 1, Q, K] bool
     real_queries: torch.Tensor  # [blocks, Q] bool: not padding
+    real_query_index: torch.Tensor  # queries[real_queries]: where the stack's outputs go
 
 
 def _stack(blocks: Sequence[Tuple[List[int], List[int], List[int], List[int]]], device) -> AttentionBlocks:
@@ -66,7 +67,8 @@ def _stack(blocks: Sequence[Tuple[List[int], List[int], List[int], List[int]]], 
     key_pos = padded([b[3] for b in blocks], width_k, (1 << 30) + 1)
     real_queries = padded([[1] * len(b[0]) for b in blocks], width_q, 0).bool()
     allowed = (key_pos[:, None, :] <= query_pos[:, :, None]).unsqueeze(1)
-    return AttentionBlocks(queries.to(device), keys.to(device), allowed.to(device), real_queries.to(device))
+    return AttentionBlocks(queries.to(device), keys.to(device), allowed.to(device), real_queries.to(device),
+                           queries[real_queries].to(device))
 
 
 def attention_blocks(layout: Sequence[Tuple[int, Sequence[int]]], device=None) -> List[AttentionBlocks]:
@@ -130,7 +132,7 @@ def attend_in_blocks(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
             gathered(q, block.queries), gathered(k, block.keys), gathered(v, block.keys),
             attn_mask=block.allowed, scale=scale, enable_gqa=heads != key.shape[2],
         ).transpose(1, 2)
-        context = context.index_copy(0, block.queries[block.real_queries], out[block.real_queries])
+        context = context.index_copy(0, block.real_query_index, out[block.real_queries])
     return context.view(S, rows, heads * dim)
 
 

@@ -301,7 +301,7 @@ def make_forward_step(agent: AgentModel, *, temperature: float = 1.0,
         with rotary_at_positions(model, micro_batch.position_ids.to(device) if shared else None), \
                 blocked_attention(attention_blocks(micro_batch.layout, device) if shared else None):
             output = model(micro_batch.tokens.to(device), micro_batch.position_ids.to(device),
-                           attention_mask=mask.to(device) if mask is not None else None,
+                           attention_mask=mask.to(device) if shared else None,
                            output_processor=_response_positions_logits,
                            output_processor_context=(micro_batch.logit_rows.to(device),
                                                      micro_batch.logit_positions.to(device)))
