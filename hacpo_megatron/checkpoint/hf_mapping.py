@@ -1,4 +1,4 @@
-"""Megatron <-> Hugging Face weights for Qwen3, Qwen2/2.5 and Llama 3.x, in one place.
+"""Megatron <-> Hugging Face weights for Qwen3, Qwen2/2.5, Llama 3.x and Gemma 3, in one place.
 
 A weight goes through three forms:
 
@@ -57,26 +57,58 @@ class TensorMap:
 # ------------------------------------------------------------------------------------------------
 # The name tables
 # ------------------------------------------------------------------------------------------------
+_QKV = TensorMap(("self_attention.linear_qkv.weight",),
+                 ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"), Kind.QKV)
+_O_PROJ = TensorMap(("self_attention.linear_proj.weight",), ("self_attn.o_proj.weight",), Kind.ROW)
+_FC1 = TensorMap(("mlp.linear_fc1.weight",), ("mlp.gate_proj.weight", "mlp.up_proj.weight"), Kind.GATED)
+_FC2 = TensorMap(("mlp.linear_fc2.weight",), ("mlp.down_proj.weight",), Kind.ROW)
+_QK_NORMS = [  # RMSNorm over each head's head_dim, shared by all heads
+    TensorMap(("self_attention.q_layernorm.weight",), ("self_attn.q_norm.weight",), Kind.REPLICATED),
+    TensorMap(("self_attention.k_layernorm.weight",), ("self_attn.k_norm.weight",), Kind.REPLICATED),
+]
+
+
+def _pre_norm(megatron: str, fused_te_name: str, hf: str) -> TensorMap:
+    """A norm before the attention or the MLP: its own module in the local spec, inside the fused linear in TE's."""
+    return TensorMap((f"{megatron}.weight", fused_te_name), (f"{hf}.weight",), Kind.REPLICATED)
+
+
 def layer_tensor_maps(arch: Architecture) -> List[TensorMap]:
     """One decoder layer; names relative to `decoder.layers.{i}.` and `model.layers.{i}.`."""
+    if arch.family == "gemma3":
+        return _gemma3_layer_tensor_maps()
     maps = [
-        TensorMap(("input_layernorm.weight", "self_attention.linear_qkv.layer_norm_weight"),
-                  ("input_layernorm.weight",), Kind.REPLICATED),
-        TensorMap(("self_attention.linear_qkv.weight",),
-                  ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"), Kind.QKV),
-        TensorMap(("self_attention.linear_proj.weight",), ("self_attn.o_proj.weight",), Kind.ROW),
-        TensorMap(("pre_mlp_layernorm.weight", "mlp.linear_fc1.layer_norm_weight"),
-                  ("post_attention_layernorm.weight",), Kind.REPLICATED),
-        TensorMap(("mlp.linear_fc1.weight",), ("mlp.gate_proj.weight", "mlp.up_proj.weight"), Kind.GATED),
-        TensorMap(("mlp.linear_fc2.weight",), ("mlp.down_proj.weight",), Kind.ROW),
+        _pre_norm("input_layernorm", "self_attention.linear_qkv.layer_norm_weight", "input_layernorm"),
+        _QKV,
+        _O_PROJ,
+        # HF Llama/Qwen call the pre-MLP norm post_attention_layernorm
+        _pre_norm("pre_mlp_layernorm", "mlp.linear_fc1.layer_norm_weight", "post_attention_layernorm"),
+        _FC1,
+        _FC2,
     ]
     if arch.qkv_bias:  # Qwen2
         maps.append(TensorMap(("self_attention.linear_qkv.bias",),
                               ("self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias"), Kind.QKV))
-    if arch.qk_layernorm:  # Qwen3: RMSNorm over each head's head_dim, shared by all heads
-        maps.append(TensorMap(("self_attention.q_layernorm.weight",), ("self_attn.q_norm.weight",), Kind.REPLICATED))
-        maps.append(TensorMap(("self_attention.k_layernorm.weight",), ("self_attn.k_norm.weight",), Kind.REPLICATED))
+    if arch.qk_layernorm:  # Qwen3
+        maps += _QK_NORMS
     return maps
+
+
+def _gemma3_layer_tensor_maps() -> List[TensorMap]:
+    """Gemma 3's sandwich layer (models/gemma3.py). Its norms store HF's zero-centred weights as they are (both
+    compute x * (1 + w)), so every map is the identity; the names differ: HF's post_attention_layernorm is the
+    norm AFTER the attention here (in Llama it is the pre-MLP norm)."""
+    return [
+        _pre_norm("input_layernorm", "self_attention.linear_qkv.layer_norm_weight", "input_layernorm"),
+        _QKV,
+        _O_PROJ,
+        *_QK_NORMS,
+        TensorMap(("post_self_attn_layernorm.weight",), ("post_attention_layernorm.weight",), Kind.REPLICATED),
+        _pre_norm("pre_mlp_layernorm", "mlp.linear_fc1.layer_norm_weight", "pre_feedforward_layernorm"),
+        _FC1,
+        _FC2,
+        TensorMap(("post_mlp_layernorm.weight",), ("post_feedforward_layernorm.weight",), Kind.REPLICATED),
+    ]
 
 
 EMBEDDING = TensorMap(("embedding.word_embeddings.weight",), ("model.embed_tokens.weight",), Kind.VOCAB)

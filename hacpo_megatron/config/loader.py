@@ -334,6 +334,8 @@ def _validate(cfg: Config, where: _Where, errors: List[str]) -> None:
 
 
 def _validate_agent(agent: AgentConfig, path: Path, where: _Where, errors: List[str], load_arch, shape_of) -> None:
+    from hacpo_megatron.models import presets
+
     _check(bool(agent.name) and agent.name.replace("-", "_").replace(".", "_").isidentifier(), errors, where,
            path + ("name",), f"needs a name of letters, digits, '-', '_' or '.', got {agent.name!r}")
     p = agent.parallel
@@ -356,7 +358,8 @@ def _validate_agent(agent: AgentConfig, path: Path, where: _Where, errors: List[
     if p.tensor >= 1:
         heads, kv = shape["num_attention_heads"], shape["num_key_value_heads"]
         _check(heads % p.tensor == 0 and kv % p.tensor == 0, errors, where, path + ("parallel", "tensor"),
-               f"TP={p.tensor} must divide the attention heads ({heads}) and key/value heads ({kv}) of {agent.model}")
+               f"TP={p.tensor} must divide the attention heads ({heads}) and key/value heads ({kv}) of {agent.model}"
+               + presets.fewer_kv_heads_than_tp(kv, p.tensor))
     if p.pipeline >= 1:
         layers = shape["num_hidden_layers"]
         _check(layers % p.pipeline == 0, errors, where, path + ("parallel", "pipeline"),

@@ -11,6 +11,11 @@ Qwen2 / 2.5    yes       no        plain, base `rope_theta`      per config
 Llama 3.x      no        no        llama3 frequency scaling      per config (3.2-1B/3B: yes)
 =============  ========  ========  ===========================  =========================
 
+Gemma 3 is a fourth family with a layer of its own (sandwich norms, x * (1 + w) norms, GeGLU, scaled
+embeddings, sliding-window layers with their own RoPE base, attention scale 1/sqrt(query_pre_attn_scalar)):
+models/gemma3.py builds it; `Architecture` carries its extra numbers (`activation`, `query_pre_attn_scalar`,
+`sliding_window`, `layer_types`, `sliding_rope_theta`), which keep their neutral defaults for the others.
+
 `read_architecture` reduces a HF config (a dict in either transformers 4.x style, `rope_theta` /
 `rope_scaling`, or 5.x style, `rope_parameters`, or a `PretrainedConfig`) to an `Architecture`: the
 numbers a megatron model needs, with transformers' own defaults filled in.
@@ -19,7 +24,7 @@ from __future__ import annotations
 
 import importlib.util
 from dataclasses import dataclass
-from typing import Any, Dict, Mapping, Optional, Union
+from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
 import torch
 
@@ -31,10 +36,13 @@ _FAMILIES = {
     "Qwen3ForCausalLM": ("qwen3", False, True),
     "Qwen2ForCausalLM": ("qwen2", True, False),
     "LlamaForCausalLM": ("llama", False, False),
+    "Gemma3ForCausalLM": ("gemma3", False, True),
 }
 assert set(_FAMILIES) == set(SUPPORTED_ARCHITECTURES)
 
-_MODEL_TYPE_TO_ARCHITECTURE = {"qwen3": "Qwen3ForCausalLM", "qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM"}
+_MODEL_TYPE_TO_ARCHITECTURE = {"qwen3": "Qwen3ForCausalLM", "qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM",
+                               "gemma3_text": "Gemma3ForCausalLM"}
+SLIDING_ATTENTION, FULL_ATTENTION = "sliding_attention", "full_attention"  # HF's `layer_types` values
 
 
 @dataclass(frozen=True)
@@ -67,6 +75,22 @@ class Architecture:
     qkv_bias: bool
     qk_layernorm: bool
     max_position_embeddings: int
+    # Gemma 3 (the defaults are the other families')
+    activation: str = "silu"  # of the gated MLP: silu (SwiGLU) or gelu_pytorch_tanh (GeGLU)
+    query_pre_attn_scalar: Optional[float] = None  # attention scale 1/sqrt(this); None: 1/sqrt(head_dim)
+    sliding_window: Optional[int] = None  # keys a sliding layer sees, its own included (HF's `sliding_window`)
+    layer_types: Tuple[str, ...] = ()  # per layer: sliding_attention | full_attention; (): all full
+    sliding_rope_theta: Optional[float] = None  # RoPE base of the sliding layers (`rope_theta` is the full ones')
+
+    @property
+    def softmax_scale(self) -> Optional[float]:
+        """The attention scale megatron must use; None: its default 1/sqrt(head_dim)."""
+        return None if self.query_pre_attn_scalar is None else self.query_pre_attn_scalar ** -0.5
+
+    @property
+    def sliding_layers(self) -> List[int]:
+        """1 for each layer with a sliding window, 0 for a full-attention one (megatron's window_attn_skip_freq)."""
+        return [int(layer_type == SLIDING_ATTENTION) for layer_type in self.layer_types]
 
 
 HFConfig = Union[Mapping[str, Any], "transformers.PretrainedConfig"]  # noqa: F821
@@ -119,6 +143,33 @@ def _rope(config: Any) -> tuple[float, Optional[Llama3RopeScaling]]:
     raise ValueError(f"unsupported rope_type {rope_type!r} (supported: default, llama3)")
 
 
+def _gemma3_settings(config: Any) -> Dict[str, Any]:
+    """Gemma 3's own numbers (HF Gemma3TextConfig), after refusing what models/gemma3.py does not build."""
+    for name in ("attn_logit_softcapping", "final_logit_softcapping"):  # Gemma 2's; None in every Gemma 3
+        if getattr(config, name, None) is not None:
+            raise ValueError(f"Gemma 3 with {name}={getattr(config, name)} is not supported")
+    if getattr(config, "use_bidirectional_attention", False) or getattr(config, "attention_bias", False):
+        raise ValueError("Gemma 3 with use_bidirectional_attention or attention_bias is not supported")
+    activation = getattr(config, "hidden_activation", None) or getattr(config, "hidden_act", None)
+    if activation != "gelu_pytorch_tanh":
+        raise ValueError(f"Gemma 3 with hidden_activation {activation!r} is not supported (gelu_pytorch_tanh only)")
+    layer_types = tuple(config.layer_types)
+    unknown = set(layer_types) - {SLIDING_ATTENTION, FULL_ATTENTION}
+    if unknown or len(layer_types) != int(config.num_hidden_layers):
+        raise ValueError(f"Gemma 3 layer_types must name one of {SLIDING_ATTENTION}, {FULL_ATTENTION} per layer, "
+                         f"got {list(layer_types)}")
+    thetas = {}
+    for layer_type in (FULL_ATTENTION, SLIDING_ATTENTION):  # transformers 5.x: one rope_parameters per layer type
+        params = dict(config.rope_parameters[layer_type])
+        if params.get("rope_type", "default") != "default":  # the larger Gemma 3 scale their full layers' RoPE
+            raise ValueError(f"Gemma 3 with rope_type {params['rope_type']!r} on {layer_type} layers is not supported "
+                             "(default only)")
+        thetas[layer_type] = float(params["rope_theta"])
+    return dict(activation=activation, query_pre_attn_scalar=float(config.query_pre_attn_scalar),
+                sliding_window=int(config.sliding_window), layer_types=layer_types,
+                rope_theta=thetas[FULL_ATTENTION], sliding_rope_theta=thetas[SLIDING_ATTENTION])
+
+
 def read_architecture(hf_config: HFConfig) -> Architecture:
     """Reduce a HF config to the numbers a megatron model needs. ValueError if unsupported."""
     import transformers
@@ -127,14 +178,19 @@ def read_architecture(hf_config: HFConfig) -> Architecture:
     hf_architecture = _hf_architecture_name(values)
     family, qkv_bias, qk_layernorm = _FAMILIES[hf_architecture]
     config = normalized_hf_config(hf_config)
-    if getattr(config, "use_sliding_window", False):
-        raise ValueError(f"{hf_architecture} with use_sliding_window=True is not supported")
-    if family == "llama" and (getattr(config, "attention_bias", False) or getattr(config, "mlp_bias", False)):
-        raise ValueError("Llama with attention_bias/mlp_bias is not supported")
-    if getattr(config, "hidden_act", "silu") != "silu":
-        raise ValueError(f"hidden_act {config.hidden_act!r} is not supported (SwiGLU with silu only)")
     heads = int(config.num_attention_heads)
-    rope_theta, rope_scaling = _rope(config)
+    if family == "gemma3":
+        extra = _gemma3_settings(config)
+        rope_theta, rope_scaling = extra.pop("rope_theta"), None
+    else:
+        if getattr(config, "use_sliding_window", False):
+            raise ValueError(f"{hf_architecture} with use_sliding_window=True is not supported")
+        if family == "llama" and (getattr(config, "attention_bias", False) or getattr(config, "mlp_bias", False)):
+            raise ValueError("Llama with attention_bias/mlp_bias is not supported")
+        if getattr(config, "hidden_act", "silu") != "silu":
+            raise ValueError(f"hidden_act {config.hidden_act!r} is not supported (SwiGLU with silu only)")
+        extra = {}
+        rope_theta, rope_scaling = _rope(config)
     return Architecture(
         hf_architecture=hf_architecture,
         family=family,
@@ -152,6 +208,7 @@ def read_architecture(hf_config: HFConfig) -> Architecture:
         qkv_bias=qkv_bias,
         qk_layernorm=qk_layernorm,
         max_position_embeddings=int(config.max_position_embeddings),
+        **extra,
     )
 
 
@@ -228,14 +285,45 @@ def transformer_config(
         apply_rope_fusion=False,
         gradient_accumulation_fusion=False,  # needs apex/TE fused wgrad kernels
     )
+    if arch.family == "gemma3":
+        settings.update(_gemma3_config_settings(arch))
     settings.update(overrides)
     return TransformerConfig(**settings)
 
 
-def layer_spec(arch: Architecture, *, use_transformer_engine: Optional[bool] = None) -> "ModuleSpec":  # noqa: F821
+def _gemma3_config_settings(arch: Architecture) -> Dict[str, Any]:
+    """What a Gemma 3 model changes in megatron's config (models/gemma3.py builds the modules that read it)."""
+    from hacpo_megatron.models.gemma3 import gelu_tanh
+
+    return dict(
+        activation_func=gelu_tanh,  # GeGLU: fc1 = [gate; up], gelu_tanh(gate) * up
+        # megatron's fused bias-activation kernels know silu and erf-gelu only
+        bias_activation_fusion=False,
+        softmax_scale=arch.softmax_scale,
+        # megatron's sliding window: keys from query - left to query + right; HF's window counts the query
+        window_size=(arch.sliding_window - 1, 0),
+        window_attn_skip_freq=arch.sliding_layers,  # a list: 1 where the layer slides
+        # TE's name for x * (1 + w); the local spec's Gemma3RMSNorm computes that whatever this says
+        layernorm_zero_centered_gamma=True,
+    )
+
+
+def layer_spec(arch: Architecture, *, use_transformer_engine: Optional[bool] = None,
+               config: Any = None) -> "ModuleSpec":  # noqa: F821
     """Transformer Engine layers where TE works, megatron's local (torch) layers otherwise, with a core
-    attention that computes shared-prompt rows in dense blocks (models/attention.py)."""
+    attention that computes shared-prompt rows in dense blocks (models/attention.py).
+
+    Gemma 3 gets its own block spec (models/gemma3.py), which needs the model's TransformerConfig (`config`).
+    """
     cpu_compat.apply()
+    if arch.family == "gemma3":
+        from hacpo_megatron.models.gemma3 import gemma3_block_spec
+
+        if config is None:
+            raise ValueError("layer_spec of Gemma 3 needs the model's TransformerConfig")
+        if use_transformer_engine is None:
+            use_transformer_engine = transformer_engine_available()
+        return gemma3_block_spec(config, use_transformer_engine=use_transformer_engine)
     from megatron.core.models.gpt.gpt_layer_specs import (
         get_gpt_layer_local_spec,
         get_gpt_layer_with_transformer_engine_spec,

@@ -14,6 +14,9 @@ scaled_dot_product_attention (a fused kernel: flash on CPU and GPU). Within a bl
 key when the key's position in its own plain sequence is at most the query's and the key is not padding;
 that is exactly the shared-prompt mask, so every real token gets what megatron's masked attention gives it,
 up to the order of floating-point sums. Padding positions of the row get zeros (nothing reads them).
+A sliding-window layer (Gemma 3: megatron's `window_size` on the layers `window_attn_skip_freq` names) also
+drops the keys more than its window behind the query, by positions in the plain sequence as the model's own
+mask does; its softmax scale is megatron's (`softmax_scale`, 1/sqrt(query_pre_attn_scalar) for Gemma 3).
 
     blocks = attention_blocks(packed.layout, device)          # once per micro-batch
     with blocked_attention(blocks):
@@ -50,6 +53,19 @@ class AttentionBlocks:
     allowed: torch.Tensor  # [blocks, 1, Q, K] bool
     real_queries: torch.Tensor  # [blocks, Q] bool: not padding
     real_query_index: torch.Tensor  # queries[real_queries]: where the stack's outputs go
+    query_positions: torch.Tensor  # [blocks, Q] long: positions in the plain sequence (sliding windows)
+    key_positions: torch.Tensor  # [blocks, K] long
+
+    def allowed_within(self, window: Optional[int]) -> torch.Tensor:
+        """`allowed`, less the keys more than `window` positions before the query (None: no window).
+
+        Padded queries keep their keys: a query row with every key masked would make the kernel's softmax 0/0,
+        and its NaN would reach the real tokens' gradients through the shared index 0.
+        """
+        if window is None:
+            return self.allowed
+        near = self.key_positions[:, None, :] >= self.query_positions[:, :, None] - window  # [blocks, Q, K]
+        return self.allowed & (near | ~self.real_queries[:, :, None]).unsqueeze(1)
 
 
 def _stack(blocks: Sequence[Tuple[List[int], List[int], List[int], List[int]]], device) -> AttentionBlocks:
@@ -68,7 +84,7 @@ def _stack(blocks: Sequence[Tuple[List[int], List[int], List[int], List[int]]], 
     real_queries = padded([[1] * len(b[0]) for b in blocks], width_q, 0).bool()
     allowed = (key_pos[:, None, :] <= query_pos[:, :, None]).unsqueeze(1)
     return AttentionBlocks(queries.to(device), keys.to(device), allowed.to(device), real_queries.to(device),
-                           queries[real_queries].to(device))
+                           queries[real_queries].to(device), query_pos.to(device), key_pos.to(device))
 
 
 def attention_blocks(layout: Sequence[Tuple[int, Sequence[int]]], device=None) -> List[AttentionBlocks]:
@@ -117,8 +133,11 @@ def blocked_attention(blocks: Optional[List[AttentionBlocks]]) -> Iterator[None]
 
 
 def attend_in_blocks(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, blocks: List[AttentionBlocks],
-                     scale: float) -> torch.Tensor:
-    """query [S, rows, heads, d], key/value [S, rows, groups, d] -> context [S, rows, heads * d]."""
+                     scale: float, window: Optional[int] = None) -> torch.Tensor:
+    """query [S, rows, heads, d], key/value [S, rows, groups, d] -> context [S, rows, heads * d].
+
+    `window`: a query sees keys at most this many positions before its own (megatron's window_size[0]); None: all.
+    """
     S, rows, heads, dim = query.shape
     q, k, v = (x.reshape(S * rows, x.shape[2], dim) for x in (query, key, value))
     context = query.new_zeros(S * rows, heads, dim)
@@ -130,7 +149,7 @@ def attend_in_blocks(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     for block in blocks:
         out = F.scaled_dot_product_attention(
             gathered(q, block.queries), gathered(k, block.keys), gathered(v, block.keys),
-            attn_mask=block.allowed, scale=scale, enable_gqa=heads != key.shape[2],
+            attn_mask=block.allowed_within(window), scale=scale, enable_gqa=heads != key.shape[2],
         ).transpose(1, 2)
         context = context.index_copy(0, block.real_query_index, out[block.real_queries])
     return context.view(S, rows, heads * dim)
@@ -143,11 +162,37 @@ class SharedPromptAttention(DotProductAttention):
                 packed_seq_params=None):
         blocks = _ACTIVE_BLOCKS.get()
         if blocks is None:
+            if attention_mask is not None and self.scale_mask_softmax.window_size is not None:
+                # megatron's softmax replaces a given mask by its sliding-window mask over row indices, which would
+                # let responses of a shared-prompt row see each other and count the window in the wrong positions
+                raise NotImplementedError("a sliding-window layer takes a shared-prompt mask only inside "
+                                          "blocked_attention (models/logprobs.py does that)")
             return super().forward(query, key, value, attention_mask, attn_mask_type=attn_mask_type,
                                    attention_bias=attention_bias, packed_seq_params=packed_seq_params)
         config = self.config
-        if self.softmax_offset is not None or config.window_size is not None or config.apply_query_key_layer_scaling \
+        if self.softmax_offset is not None or config.apply_query_key_layer_scaling \
                 or (self.training and self.attention_dropout.p > 0):
-            raise NotImplementedError("blocked attention: no softmax offset, window, query-key layer scaling "
+            raise NotImplementedError("blocked attention: no softmax offset, query-key layer scaling "
                                       "or attention dropout")
-        return attend_in_blocks(query, key, value, blocks, self.softmax_scale)
+        return attend_in_blocks(query, key, value, blocks, self.softmax_scale, window=self._window_behind())
+
+    def _window_behind(self) -> Optional[int]:
+        """How many positions before its own a query of this layer sees (None: all), from megatron's per-layer
+        window (DotProductAttention gives it to its softmax: (left, right), or None on a full-attention layer)."""
+        window = self.scale_mask_softmax.window_size
+        if window is None:
+            return None
+        left, right = window
+        if right != 0:
+            raise NotImplementedError(f"blocked attention: a causal window looks no keys ahead, got {window}")
+        return None if left < 0 else left
+
+
+def rotary_freqs_at_positions(rotary, position_ids: torch.Tensor):
+    """The rotary angles [S, rows, 1, dim] of megatron's RotaryEmbedding `rotary` at per-row `position_ids`
+    [rows, S] (what its forward gives for plain rows, rows of positions 0..S-1). A module holding one
+    embedding per layer type (models/gemma3.py: LayerTypeRotary) answers for each of them."""
+    if hasattr(rotary, "at_positions"):
+        return rotary.at_positions(position_ids)
+    table = rotary.get_emb(int(position_ids.max()) + 1)[:, 0, 0, :]  # [positions, dim], llama3 scaling included
+    return table[position_ids.transpose(0, 1)].unsqueeze(2)

@@ -23,6 +23,7 @@ from hacpo_megatron.models.architectures import (
     transformer_config,
     transformer_engine_available,
 )
+from hacpo_megatron.models.presets import fewer_kv_heads_than_tp
 from hacpo_megatron.parallel.groups import AgentParallel
 
 # Megatron pads the vocabulary so each TP shard of the embedding/output has a multiple of 128 rows
@@ -83,7 +84,8 @@ def check_layout(arch: Architecture, parallel: AgentParallel) -> None:
     tp, pp = parallel.tp_size, parallel.pp_size
     if arch.num_attention_heads % tp or arch.num_query_groups % tp:
         raise ValueError(f"{parallel.name}: TP={tp} must divide attention heads ({arch.num_attention_heads}) "
-                         f"and key/value heads ({arch.num_query_groups})")
+                         f"and key/value heads ({arch.num_query_groups})"
+                         + fewer_kv_heads_than_tp(arch.num_query_groups, tp))
     if arch.num_layers % pp:
         raise ValueError(f"{parallel.name}: PP={pp} must divide the number of layers ({arch.num_layers})")
 
@@ -117,9 +119,14 @@ def build_agent_model(
     vocab = padded_vocab_size(arch.vocab_size, parallel.tp_size)
     if use_transformer_engine is None:
         use_transformer_engine = transformer_engine_available()
-    model = GPTModel(
+    model_class, family_kwargs = GPTModel, {}
+    if arch.family == "gemma3":  # its own layer, two RoPE bases, scaled embeddings (models/gemma3.py)
+        from hacpo_megatron.models.gemma3 import Gemma3Model
+
+        model_class, family_kwargs = Gemma3Model, dict(sliding_rotary_base=arch.sliding_rope_theta)
+    model = model_class(
         config=config,
-        transformer_layer_spec=layer_spec(arch, use_transformer_engine=use_transformer_engine),
+        transformer_layer_spec=layer_spec(arch, use_transformer_engine=use_transformer_engine, config=config),
         vocab_size=vocab,
         max_sequence_length=arch.max_position_embeddings,
         pre_process=parallel.is_first_stage,
@@ -130,6 +137,7 @@ def build_agent_model(
         rotary_base=arch.rope_theta,
         rope_scaling=False,  # llama3 scaling is applied below with all four HF parameters
         pg_collection=parallel.pg_collection,
+        **family_kwargs,
     )
     _apply_llama3_rope_scaling(model, arch)
     if config.params_dtype != torch.float32:

@@ -335,13 +335,14 @@ def rotary_at_positions(model: Any, position_ids: Optional[torch.Tensor]) -> Ite
     for mRoPE), so the model's rotary module returns those instead. The backward pass needs nothing from
     here (the rotation's cos/sin are saved by autograd).
     """
+    from hacpo_megatron.models.attention import rotary_freqs_at_positions
+
     gpt = _unwrap(model)
     rotary = getattr(gpt, "rotary_pos_emb", None)
     if position_ids is None or rotary is None:
         yield
         return
-    table = rotary.get_emb(int(position_ids.max()) + 1)[:, 0, 0, :]  # [positions, dim], llama3 scaling included
-    freqs = table[position_ids.transpose(0, 1)].unsqueeze(2)  # [S, rows, 1, dim]
+    freqs = rotary_freqs_at_positions(rotary, position_ids)  # [S, rows, 1, dim]; Gemma 3: one per layer type
     rotary.forward = lambda *args, **kwargs: freqs
     try:
         yield

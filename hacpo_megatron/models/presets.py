@@ -11,7 +11,7 @@ import json
 import os
 from typing import Any, Dict
 
-SUPPORTED_ARCHITECTURES = ("Qwen3ForCausalLM", "Qwen2ForCausalLM", "LlamaForCausalLM")
+SUPPORTED_ARCHITECTURES = ("Qwen3ForCausalLM", "Qwen2ForCausalLM", "LlamaForCausalLM", "Gemma3ForCausalLM")
 
 _QWEN3 = dict(
     architectures=["Qwen3ForCausalLM"], model_type="qwen3", hidden_act="silu", attention_bias=False,
@@ -25,6 +25,15 @@ _LLAMA32 = dict(
                       original_max_position_embeddings=8192),
     tie_word_embeddings=True, bos_token_id=128000, eos_token_id=[128001, 128008, 128009],
 )
+# Gemma 3 (the real 270M comes as the GGUF model `gemma3-270m`, checkpoint/gguf.py: its config.json names it)
+_GEMMA3 = dict(
+    architectures=["Gemma3ForCausalLM"], model_type="gemma3_text", hidden_activation="gelu_pytorch_tanh",
+    attention_bias=False, rms_norm_eps=1e-6, vocab_size=262144, head_dim=256, query_pre_attn_scalar=256,
+    rope_parameters=dict(sliding_attention=dict(rope_type="default", rope_theta=10000.0),
+                         full_attention=dict(rope_type="default", rope_theta=1000000.0)),
+    tie_word_embeddings=True, bos_token_id=2, eos_token_id=1, pad_token_id=0,
+)
+
 
 PRESETS: Dict[str, Dict[str, Any]] = {
     # ---- the paper's models (weights from `init_from`) ----
@@ -58,6 +67,13 @@ PRESETS: Dict[str, Dict[str, Any]] = {
     "small-qwen3": dict(_QWEN3, hidden_size=128, intermediate_size=384, num_hidden_layers=6,
                         num_attention_heads=4, num_key_value_heads=2, head_dim=32, vocab_size=151936,
                         tie_word_embeddings=True, max_position_embeddings=2048),
+    # Gemma 3's structure in small: 2 KV heads (TP=2), 4 layers (PP=2) whose two stages differ in layer types (a
+    # pipeline-offset mistake shows), a window of 8, a query_pre_attn_scalar other than head_dim (a wrong
+    # attention scale shows), the real 262,144-word vocabulary
+    "tiny-gemma3": dict(_GEMMA3, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+                        num_key_value_heads=2, head_dim=32, query_pre_attn_scalar=24, sliding_window=8,
+                        layer_types=["sliding_attention", "full_attention", "sliding_attention", "sliding_attention"],
+                        max_position_embeddings=2048),
     "tiny-qwen2": dict(architectures=["Qwen2ForCausalLM"], model_type="qwen2", hidden_act="silu",
                        rms_norm_eps=1e-6, vocab_size=151936, hidden_size=128, intermediate_size=384,
                        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, rope_theta=1000000.0,
@@ -87,3 +103,12 @@ def attention_shape(hf_config: Dict[str, Any]) -> Dict[str, int]:
         "num_key_value_heads": int(hf_config.get("num_key_value_heads") or heads),
         "num_hidden_layers": int(hf_config["num_hidden_layers"]),
     }
+
+
+def fewer_kv_heads_than_tp(kv_heads: int, tp: int) -> str:
+    """The end of a layout error when TP exceeds the key/value heads (Gemma 3 270M has one): why, and what works."""
+    if kv_heads >= tp:
+        return ""
+    allowed = "TP=1" if kv_heads == 1 else f"a TP that divides {kv_heads}"
+    return (f"; a key/value head cannot be split over TP ranks: use {allowed} "
+            "(pipeline or data parallelism spread the model further)")
