@@ -1,6 +1,7 @@
 # The two commands of the README:
 #   make run    set up .venv and run the main job on its default config
-#   make test   set up .venv and run the test suite
+#   make test   set up .venv (with vLLM's CPU build) and run the whole test suite: what CI runs
+# and, for iteration: make test-fast (no torchrun world, no vLLM, no real weights; docs/testing.md)
 # and, for benchmarks/bench_vs_trl.py only: make setup-bench (.venv-bench: .venv plus TRL)
 CONFIG ?= configs/default.yaml
 PY := .venv/bin/python
@@ -8,7 +9,7 @@ STAMP := .venv/.installed
 VLLM_STAMP := .venv/.vllm-installed
 BENCH_STAMP := .venv-bench/.installed
 
-.PHONY: setup setup-vllm setup-bench run test
+.PHONY: setup setup-vllm setup-bench run test test-fast
 
 $(STAMP): setup.py constraints.txt requirements-cpu.txt tools/setup_env.sh
 	bash tools/setup_env.sh
@@ -35,5 +36,11 @@ NEEDS_VLLM := $(shell grep -qE '^[^#]*engine:[[:space:]]*vllm' $(CONFIG) 2>/dev/
 run: $(STAMP) $(if $(NEEDS_VLLM),$(VLLM_STAMP))
 	$(PY) -m hacpo_megatron.launch --config $(CONFIG) $(ARGS)
 
+# every run shows where its time goes: the 15 slowest tests
 test: $(STAMP) $(VLLM_STAMP)
-	$(PY) -m pytest -q tests $(PYTEST_ARGS)
+	$(PY) -m pytest -q tests --durations=15 $(PYTEST_ARGS)
+
+# the fast tier: algorithms, config, bridge, rewards, data, reporting, ... in minutes
+FAST := not slow and not distributed and not vllm and not real_weights
+test-fast: $(STAMP)
+	$(PY) -m pytest -q tests -m "$(FAST)" --durations=10 $(PYTEST_ARGS)

@@ -9,7 +9,7 @@ import yaml
 
 from tests.e2e.test_hacpo_run import REPO, comparable, metrics, run, small_config
 
-pytestmark = [pytest.mark.slow, pytest.mark.distributed]
+pytestmark = [pytest.mark.slow, pytest.mark.distributed, pytest.mark.vllm]
 
 
 def vllm_config(tmp, cache):

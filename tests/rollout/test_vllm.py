@@ -27,6 +27,7 @@ def facts(tmp_path_factory):
     return json.loads(out.read_text())
 
 
+@pytest.mark.vllm
 def test_vllm_generates_groups_with_sampling_logprobs_at_the_temperature(facts):
     assert facts["group_sizes"] == [3, 3]
     assert facts["lengths_ok"]
@@ -37,11 +38,13 @@ def test_vllm_generates_groups_with_sampling_logprobs_at_the_temperature(facts):
     assert facts["truncated_reason"] == "length"
 
 
+@pytest.mark.vllm
 def test_vllm_stops_on_the_agents_end_tokens_and_keeps_the_end_token(facts):
     tokens, num_logprobs, reason, end_token = facts["stop_cut"]
     assert tokens == [end_token] and num_logprobs == 1 and reason == "stop"
 
 
+@pytest.mark.vllm
 def test_vllm_weight_update_changes_generation_and_check_mode_confirms_it(facts):
     assert not facts["check_before_update_equal"] and facts["check_before_update_mismatches"] > 0
     assert facts["check_after_update_equal"], facts["check_after_update_report"]
@@ -53,6 +56,7 @@ def test_vllm_weight_update_changes_generation_and_check_mode_confirms_it(facts)
     assert facts["logprob_max_abs_diff_after_update"] < 1e-4
 
 
+@pytest.mark.vllm
 def test_vllm_cpu_worker_runs_the_threads_asked_for_on_the_first_cores(facts):
     # vLLM's default would give a 2-core machine's worker one thread (a core kept for its scheduler)
     (worker,) = facts["worker_threads"]
