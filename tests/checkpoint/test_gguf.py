@@ -136,6 +136,7 @@ def converted(tmp_path_factory):
 
 
 @pytest.mark.slow
+@pytest.mark.real_weights
 def test_logits_equal_transformers_own_gguf_load(converted):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -164,6 +165,7 @@ def test_logits_equal_transformers_own_gguf_load(converted):
 
 
 @pytest.mark.slow
+@pytest.mark.real_weights
 def test_config_and_weights_are_those_of_smollm2_135m(converted):
     from hacpo_megatron.checkpoint.hf_io import HFWeights, check_hf_weights_complete, read_hf_config
     from hacpo_megatron.models.architectures import read_architecture
@@ -194,6 +196,7 @@ def test_config_and_weights_are_those_of_smollm2_135m(converted):
 
 
 @pytest.mark.slow
+@pytest.mark.real_weights
 def test_tokenizer_and_chat_template_of_the_folder(converted):
     from transformers import AutoTokenizer
 
@@ -210,6 +213,7 @@ def test_tokenizer_and_chat_template_of_the_folder(converted):
 
 
 @pytest.mark.slow
+@pytest.mark.real_weights
 def test_resolve_model_source_converts_once_and_reuses_its_cache(converted, tmp_path, monkeypatch):
     # The conversion itself is the one the fixture checked; here a stand-in copies its result, so that the
     # cache logic is tested without de-quantising again.

@@ -125,12 +125,6 @@ def test_resume_after_a_kill_gives_the_same_metrics(reference_run, tmp_path, cac
     assert comparable(metrics(out)) == comparable(metrics(reference_run))
 
 
-def test_a_dead_rollout_engine_is_restarted_and_the_step_retried(reference_run, tmp_path, cache):
-    out = tmp_path / "run"
-    run(small_config(tmp_path, cache, checkpoint={"save_every": 1}), out, "--kill-engine-at-step", "1")
-    assert comparable(metrics(out)) == comparable(metrics(reference_run))  # nothing lost, nothing counted twice
-
-
 def test_engine_log_probs_replace_the_old_log_prob_pass_after_the_first_step(reference_run, tmp_path, cache):
     out = tmp_path / "run"
     run(small_config(tmp_path, cache, rollout={"old_logprobs": "engine"}), out)
@@ -153,10 +147,12 @@ def test_engine_log_probs_replace_the_old_log_prob_pass_after_the_first_step(ref
 @pytest.mark.parametrize("algorithm,updates", [("gspo", 2), ("gspo_x2", 4), ("naive", 4), ("grpo", 2)])
 def test_baselines_run_to_completion(tmp_path, cache, algorithm, updates):
     out = tmp_path / "run"
-    config = small_config(tmp_path, cache, algorithm={"name": algorithm}, run={"total_steps": 2})
+    # one step, no evaluation: what differs between the algorithms is all in a step
+    config = small_config(tmp_path, cache, algorithm={"name": algorithm}, run={"total_steps": 1},
+                          data={"eval_every": 0})
     run(config, out)
     train = [r for r in metrics(out) if r["kind"] == "train"]
-    assert len(train) == 4
+    assert len(train) == 2
     # B = 4, mini-batch 2 prompts x G = 2: M = n*B/2 = 4 with shared rollouts, B/2 = 2 alone, 2B/2 with 2G
     assert all(r["num_updates"] == updates for r in train)
     if algorithm in ("gspo", "gspo_x2", "grpo"):
@@ -184,7 +180,7 @@ def test_three_agents_are_a_config_change(tmp_path, cache):
     third = {"name": "qwen2-tiny", "model": "tiny-qwen2", "tokenizer": "qwen3",
              "parallel": {"tensor": 1, "pipeline": 1, "data": 1, "first_rank": 0}}
     out = tmp_path / "run"
-    run(small_config(tmp_path, cache, agents=default + [third], run={"total_steps": 2}), out)
+    run(small_config(tmp_path, cache, agents=default + [third], run={"total_steps": 1}, data={"eval_every": 0}), out)
     train = [r for r in metrics(out) if r["kind"] == "train"]
     assert {r["agent"] for r in train} == {"qwen3-tiny", "llama-tiny", "qwen2-tiny"}
     assert all(r["num_cross"] == pytest.approx(2 * r["num_own"]) for r in train)  # two other agents

@@ -1,5 +1,6 @@
 """A run survives what clusters do to it, end to end: preemption by SIGTERM, a reward actor that dies,
 a damaged checkpoint (user mistakes before the run: tests/test_launch.py)."""
+import shutil
 import signal
 import time
 from pathlib import Path
@@ -39,11 +40,16 @@ def test_sigterm_saves_the_finished_step_and_resume_gives_the_same_metrics(refer
     run(config, out, "--resume")
     assert comparable(metrics(out)) == comparable(metrics(reference_run))
 
-def test_a_dead_reward_actor_is_restarted_and_the_scoring_redone(reference_run, tmp_path, cache):
+def test_a_dead_engine_and_a_dead_reward_actor_are_restarted_and_their_work_redone(reference_run, tmp_path, cache):
+    """Two faults in one run, a step apart: agent 0's engine is killed at step 1 (restarted, given the weights
+    again, the step's rollout redone with the same seed) and the reward actor dies inside its scoring call at
+    step 2 (restarted, the same answers scored again)."""
     out = tmp_path / "run"
-    output = run(small_config(tmp_path, cache, checkpoint={"save_every": 1}), out, "--kill-reward-at-step", "1")
-    assert "score on" in output and "waiting for its restart" in output  # the failure really happened
+    output = run(small_config(tmp_path, cache, checkpoint={"save_every": 1}), out,
+                 "--kill-engine-at-step", "1", "--kill-reward-at-step", "2")
+    assert "score on" in output and "waiting for its restart" in output  # the reward actor's failure really happened
     assert comparable(metrics(out)) == comparable(metrics(reference_run))  # nothing lost, nothing counted twice
+
 
 def flip_bytes(path: Path, offset: int, count: int = 4096) -> None:
     data = bytearray(path.read_bytes())
@@ -52,22 +58,32 @@ def flip_bytes(path: Path, offset: int, count: int = 4096) -> None:
         data[i] ^= 0xFF
     path.write_bytes(bytes(data))
 
-def test_a_damaged_latest_checkpoint_is_refused_and_the_previous_one_used(reference_run, tmp_path, cache):
+def copy_of(run_dir: Path, tmp_path: Path) -> Path:
+    """A finished run's folder to resume in: the reference run's checkpoints (steps 2 and 3, keep_last 2), its
+    metrics and run info, as a run that stopped there would leave them."""
     out = tmp_path / "run"
-    config = small_config(tmp_path, cache, checkpoint={"save_every": 1, "keep_last": 3})
-    run(dict(config, run=dict(config["run"], total_steps=2)), out)  # checkpoints of steps 1 and 2
-    shard = sorted((out / "checkpoints" / "step_00000002" / "qwen3-tiny" / "dist_checkpoint").glob("*.distcp"))[0]
+    shutil.copytree(run_dir, out)
+    return out
+
+
+def test_a_damaged_latest_checkpoint_is_refused_and_the_previous_one_used(reference_run, tmp_path, cache):
+    out = copy_of(reference_run, tmp_path)
+    config = small_config(tmp_path, cache, checkpoint={"save_every": 1})  # the reference run's config
+    shard = sorted((out / "checkpoints" / "step_00000003" / "qwen3-tiny" / "dist_checkpoint").glob("*.distcp"))[0]
     flip_bytes(shard, shard.stat().st_size // 2)  # 4 KiB in the middle, as a failing disk would
     output = run(config, out, "--resume")
-    assert f"step_00000002/qwen3-tiny/dist_checkpoint/{shard.name} is damaged" in output
-    assert "resuming from step_00000001" in output
-    assert comparable(metrics(out)) == comparable(metrics(reference_run))  # steps 2-3 redone from step 1
+    assert f"step_00000003/qwen3-tiny/dist_checkpoint/{shard.name} is damaged" in output
+    assert "resuming from step_00000002" in output
+    assert comparable(metrics(out)) == comparable(metrics(reference_run))  # step 3 redone from step 2
 
-def test_with_no_intact_checkpoint_resume_stops_with_exit_code_2(tmp_path, cache):
-    out = tmp_path / "run"
-    config = small_config(tmp_path, cache, run={"total_steps": 1})
-    run(config, out)
-    flip_bytes(out / "checkpoints" / "step_00000001" / "trainer_state.pt", 0, 16)
+
+def test_with_no_intact_checkpoint_resume_stops_with_exit_code_2(reference_run, tmp_path, cache):
+    out = copy_of(reference_run, tmp_path)
+    config = small_config(tmp_path, cache, checkpoint={"save_every": 1})
+    steps = sorted((out / "checkpoints").glob("step_*"))
+    assert len(steps) == 2
+    for step in steps:
+        flip_bytes(step / "trainer_state.pt", 0, 16)
     proc = launch(config, out, "--resume")
     output, _ = proc.communicate(timeout=300)
     assert proc.returncode != 0
