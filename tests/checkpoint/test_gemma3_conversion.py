@@ -129,6 +129,7 @@ def megatron(hf_folder, tmp_path_factory):
 
 
 @pytest.mark.real_weights
+@pytest.mark.ci_skip
 @pytest.mark.slow
 def test_the_gguf_file_is_joined_once_into_the_model_cache(hf_folder):
     known = gguf.KNOWN_GGUF_MODELS[NAME]
@@ -143,6 +144,7 @@ def test_the_gguf_file_is_joined_once_into_the_model_cache(hf_folder):
 
 
 @pytest.mark.real_weights
+@pytest.mark.ci_skip
 @pytest.mark.slow
 def test_config_and_weights_are_those_of_gemma3_270m(hf_folder):
     from hacpo_megatron.checkpoint.hf_io import check_hf_weights_complete, read_hf_config
@@ -162,6 +164,7 @@ def test_config_and_weights_are_those_of_gemma3_270m(hf_folder):
 
 
 @pytest.mark.real_weights
+@pytest.mark.ci_skip
 @pytest.mark.slow
 def test_logits_equal_transformers_own_gguf_load(hf_folder):
     from transformers import AutoModelForCausalLM
@@ -181,6 +184,7 @@ def test_logits_equal_transformers_own_gguf_load(hf_folder):
 
 
 @pytest.mark.real_weights
+@pytest.mark.ci_skip
 @pytest.mark.slow
 def test_tokenizer_of_a_base_model(hf_folder):
     """<bos> first, <eos> the one end token, no chat template; <end_of_turn> one special token, not an end."""
@@ -202,6 +206,7 @@ def test_tokenizer_of_a_base_model(hf_folder):
 
 
 @pytest.mark.real_weights
+@pytest.mark.ci_skip
 @pytest.mark.slow
 @pytest.mark.parametrize("text", TEXTS)
 def test_retokenisation_gives_the_text_back(hf_folder, text):
@@ -233,6 +238,7 @@ TOLERANCE = 5e-4
 
 
 @pytest.mark.real_weights
+@pytest.mark.ci_skip
 @pytest.mark.slow
 @pytest.mark.parametrize("flags", [("--tp", 1), ("--pp", 2, "--batch-size", 1, "--seq-length", 600)],
                          ids=["tp1", "pp2-past-the-window"])
@@ -271,6 +277,7 @@ print((megatron - hf[torch.float64]).abs().max().item(), (hf[torch.float32] - hf
 
 
 @pytest.mark.real_weights
+@pytest.mark.ci_skip
 @pytest.mark.slow
 def test_megatron_float32_is_as_accurate_as_transformers_float32(hf_folder):
     """Against transformers in float64, Megatron's float32 logits are no further off than transformers' own float32
@@ -287,6 +294,7 @@ def test_megatron_float32_is_as_accurate_as_transformers_float32(hf_folder):
 
 
 @pytest.mark.real_weights
+@pytest.mark.ci_skip
 @pytest.mark.slow
 def test_round_trip_reproduces_every_tensor_bit_for_bit(hf_folder, megatron, tmp_path):
     stdout = run_tool("convert_megatron_to_hf", "--load", megatron, "--save", tmp_path / "hf")
