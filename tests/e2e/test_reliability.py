@@ -41,9 +41,9 @@ def test_sigterm_saves_the_finished_step_and_resume_gives_the_same_metrics(refer
     assert comparable(metrics(out)) == comparable(metrics(reference_run))
 
 def test_a_dead_engine_and_a_dead_reward_actor_are_restarted_and_their_work_redone(reference_run, tmp_path, cache):
-    """Two faults in one run, a step apart: agent 0's engine is killed at step 1 (restarted, given the weights
-    again, the step's rollout redone with the same seed) and the reward actor dies inside its scoring call at
-    step 2 (restarted, the same answers scored again)."""
+    """Two faults in one run, a step apart (the flags count steps from 0): agent 0's engine is killed in the
+    second step (restarted, given the weights again, the step's rollout redone with the same seed) and the reward
+    actor dies inside its scoring call in the third (restarted, the same answers scored again)."""
     out = tmp_path / "run"
     output = run(small_config(tmp_path, cache, checkpoint={"save_every": 1}), out,
                  "--kill-engine-at-step", "1", "--kill-reward-at-step", "2")

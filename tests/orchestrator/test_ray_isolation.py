@@ -70,7 +70,6 @@ def test_stale_record_and_ray_address_are_ignored(ray_tmp, monkeypatch):
     assert {key: os.environ.get(key) for key in ENV} == before  # the process's environment is restored
 
 
-
 @ray.remote(num_cpus=0)
 class _Busy:
     def pid(self):
@@ -83,11 +82,11 @@ def test_shutdown_leaves_no_process_of_the_local_ray(ray_tmp):
     runtime = RayRuntime.connect(None, num_cpus=1)
     actor = _Busy.remote()
     worker = psutil.Process(ray.get(actor.pid.remote()))
-    family = [p for p in psutil.Process().children(recursive=True)]
+    family = psutil.Process().children(recursive=True)
     names = {p.name() for p in family} | {worker.name()}
     assert any("raylet" in n for n in names) and any("gcs_server" in n for n in names), names
     runtime.shutdown()
-    gone, alive = psutil.wait_procs(family + [worker], timeout=1)
+    _, alive = psutil.wait_procs(family + [worker], timeout=1)
     assert not [p for p in alive if p.status() != psutil.STATUS_ZOMBIE], [(p.pid, p.name()) for p in alive]
 
 OTHER_CLUSTER = r"""
