@@ -69,7 +69,7 @@ def initial_weights(cfg: Config, agent_cfg: AgentConfig, parallel: AgentParallel
             hf_config, agent_cfg.tokenizer or agent_cfg.model, task,
             steps=cfg.train.sft_warmup_steps, batch_size=cfg.train.sft_warmup_batch_size,
             lr=cfg.train.sft_warmup_lr, seed=seed, cache_dir=cfg.train.sft_warmup_cache,
-            stop_accuracy=stop_accuracy)
+            stop_accuracy=stop_accuracy, prompt_format=agent_cfg.prompt_format)
 
     # The agent's first rank trains (or finds the cache); the others then read the cache.
     state = warm_up() if parallel.agent_rank == 0 else None

@@ -158,8 +158,9 @@ def _original_tokenizer_dir(checkpoint: str) -> Optional[Path]:
     return checkpoint_tokenizer_dir(checkpoint) if Path(checkpoint).is_dir() else None
 
 
-def load_eval_tokenizer(tokenizer: Optional[str], model_folder: Path, checkpoint: str):
-    """--tokenizer (a built-in name or folder), else the model folder's own tokenizer files."""
+def load_eval_tokenizer(tokenizer: Optional[str], model_folder: Path, checkpoint: str, prompt_format: str = "chat"):
+    """--tokenizer (a built-in name or folder), else the model folder's own tokenizer files, asking in
+    --prompt-format."""
     from hacpo_megatron.bridge.tokenizers import load_tokenizer
     from hacpo_megatron.checkpoint.hf_io import has_tokenizer
 
@@ -171,7 +172,7 @@ def load_eval_tokenizer(tokenizer: Optional[str], model_folder: Path, checkpoint
                                        f"(a folder, or one of the built-ins qwen3, llama3.2, gpt2)")
         tokenizer = str(found)
     try:
-        return load_tokenizer(tokenizer)
+        return load_tokenizer(tokenizer, prompt_format)
     except (ValueError, OSError, ModuleNotFoundError) as error:
         raise EvaluationInputError(f"--tokenizer {tokenizer}: {error}") from None
 
@@ -299,6 +300,9 @@ def build_parser() -> argparse.ArgumentParser:
                              f"or '{PROMPT_FILE_BENCHMARK}' for a verl/plain prompt file")
     parser.add_argument("--data", help="the benchmark's file (.jsonl/.json/.parquet); not for synthetic:<task>")
     parser.add_argument("--tokenizer", help="tokenizer folder or built-in name (default: the checkpoint's own)")
+    parser.add_argument("--prompt-format", default="chat",
+                        help="chat, plain or few_shot:<file>, as the agent's prompt_format in training (a base model "
+                             "asked in a line format answers on one line: bridge/prompt_formats.py)")
     parser.add_argument("--max-new-tokens", type=int, default=1024)
     parser.add_argument("--samples", type=int, default=1, help="samples per prompt (accuracy is their mean)")
     sampling = parser.add_mutually_exclusive_group()
@@ -333,6 +337,12 @@ def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -
         parser.error("--max-new-tokens must be >= 1")
     if args.limit is not None and args.limit < 1:
         parser.error("--limit must be >= 1")
+    from hacpo_megatron.bridge.prompt_formats import PromptFormatError, parse_prompt_format
+
+    try:
+        parse_prompt_format(args.prompt_format)
+    except PromptFormatError as error:
+        parser.error(f"--prompt-format {error}")
 
 
 def evaluate(args: argparse.Namespace) -> Dict[str, Any]:
@@ -344,7 +354,7 @@ def evaluate(args: argparse.Namespace) -> Dict[str, Any]:
     try:
         started = time.monotonic()
         model_folder, checkpoint_kind = resolve_model_folder(args.checkpoint, workdir)
-        tokenizer = load_eval_tokenizer(args.tokenizer, model_folder, args.checkpoint)
+        tokenizer = load_eval_tokenizer(args.tokenizer, model_folder, args.checkpoint, args.prompt_format)
         try:
             engine = make_eval_engine(args.engine, model_folder, tokenizer, device=args.device, dtype=args.dtype,
                                       batch_sequences=args.batch_sequences, seed=args.seed)

@@ -14,7 +14,9 @@ and the prompt is rendered again with k's own chat template. Decisions, and why:
   trailing pad tokens only.
 - EOS: the learner gets its own EOS exactly when the source's response ended with one of the source's end
   tokens. Correct answers usually end that way, so learners learn from others when to stop; a truncated
-  response stays open-ended for the learner too.
+  response stays open-ended for the learner too. A learner asked in a line prompt format (a base model,
+  bridge/prompt_formats.py) ends its answers with a line break, and gets that instead of its EOS; a source
+  in a line format ended its answer at its first token holding a line break.
 - Special tokens: decoding skips them, wherever they are, so the source's control tokens never reach another
   tokenizer; encoding treats special-token strings that occur in the text (a model can spell
   "<|eot_id|>" out of ordinary tokens) as plain text, so no text becomes a control token for the learner.
@@ -39,6 +41,7 @@ from collections.abc import Mapping, Sequence
 
 from transformers import PreTrainedTokenizerBase
 
+from hacpo_megatron.bridge.prompt_formats import answer_end_id
 from hacpo_megatron.bridge.tokenizers import eos_token_ids, pad_token_id, same_vocabulary
 
 Messages = Sequence[Mapping[str, str]]  # chat messages: [{"role": "user", "content": "..."}, ...]
@@ -145,7 +148,7 @@ def bridge_responses(
     else:
         contents = [generated[:-1] if ended else generated for generated, ended in trimmed]
         encoded = _encode_texts(learner_tokenizer, _decode_texts(source_tokenizer, contents))
-        learner_eos = learner_tokenizer.eos_token_id
+        learner_eos = answer_end_id(learner_tokenizer)
         learner_responses = [ids + [learner_eos] if ended else ids for ids, (_, ended) in zip(encoded, trimmed)]
 
     rendered: dict[tuple[tuple[str, str], ...], list[int]] = {}

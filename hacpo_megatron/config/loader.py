@@ -334,6 +334,7 @@ def _validate(cfg: Config, where: _Where, errors: List[str]) -> None:
 
 
 def _validate_agent(agent: AgentConfig, path: Path, where: _Where, errors: List[str], load_arch, shape_of) -> None:
+    from hacpo_megatron.bridge.prompt_formats import PromptFormatError, parse_prompt_format
     from hacpo_megatron.models import presets
 
     _check(bool(agent.name) and agent.name.replace("-", "_").replace(".", "_").isidentifier(), errors, where,
@@ -344,6 +345,10 @@ def _validate_agent(agent: AgentConfig, path: Path, where: _Where, errors: List[
     _check(p.first_rank is None or p.first_rank >= 0, errors, where, path + ("parallel", "first_rank"), "must be >= 0")
     if agent.lr is not None:
         _check(agent.lr > 0, errors, where, path + ("lr",), f"must be > 0, got {agent.lr}")
+    try:
+        parse_prompt_format(agent.prompt_format)  # reads a few-shot file: its mistakes are named here
+    except PromptFormatError as exc:
+        errors.append(f"{where(path + ('prompt_format',))}: {exc}")
     if agent.sft_warmup_stop_accuracy is not None:
         _check(0 < agent.sft_warmup_stop_accuracy <= 1, errors, where, path + ("sft_warmup_stop_accuracy",),
                f"must be in (0, 1], got {agent.sft_warmup_stop_accuracy}")

@@ -31,11 +31,11 @@ class EngineActor:
     """One agent's rollout engine, built from a Hugging Face config (weights arrive by weight sync)."""
 
     def __init__(self, kind: str, hf_config: Dict[str, Any], tokenizer_name: str, seed: int,
-                 engine_kwargs: Optional[Dict[str, Any]] = None, threads: int = 1):
+                 engine_kwargs: Optional[Dict[str, Any]] = None, threads: int = 1, prompt_format: str = "chat"):
         torch.set_num_threads(threads)
         from hacpo_megatron.bridge.tokenizers import eos_token_ids, load_tokenizer, pad_token_id
 
-        tokenizer = load_tokenizer(tokenizer_name)
+        tokenizer = load_tokenizer(tokenizer_name, prompt_format)  # the format's end tokens stop generation
         if kind == "embedded":
             from hacpo_megatron.rollout.embedded import EmbeddedEngine, hf_model_from_config
 

@@ -39,7 +39,8 @@ def start_actors(cfg: Any, agent_parallel: Sequence[Any], hf_configs: Sequence[D
                            **placement.pinned_to(engine_nodes[k]))
             kwargs = engine_options(agent_cfg.engine, model_path=agent_cfg.init_from, rollout=cfg.rollout)
             engines[k] = EngineActor.options(**options).remote(
-                agent_cfg.engine, hf_configs[k], tokenizer_names[k], cfg.run.seed + k, kwargs, cfg.rollout.cpu_threads)
+                agent_cfg.engine, hf_configs[k], tokenizer_names[k], cfg.run.seed + k, kwargs, cfg.rollout.cpu_threads,
+                agent_cfg.prompt_format)
         ray.get([handle.pid.remote() for handle in engines.values()])  # constructed and alive
         reward_actor = RewardActor.options(**ACTOR_OPTIONS).remote(
             cfg.reward.function, cfg.reward.num_workers, cfg.reward.timeout_s)

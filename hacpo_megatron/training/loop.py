@@ -104,7 +104,7 @@ def run_hacpo(cfg: Config, options: RunOptions, model_provider: ModelProvider) -
 
     agents = Agents(configs=list(cfg.agents), parallel=create_agent_groups(cfg.agents),
                     hf_configs=[load_hf_config_dict(a.model) for a in cfg.agents],
-                    tokenizers=[load_tokenizer(_tokenizer_name(a)) for a in cfg.agents])
+                    tokenizers=[load_tokenizer(_tokenizer_name(a), a.prompt_format) for a in cfg.agents])
     for k, (agent_cfg, parallel) in enumerate(zip(cfg.agents, agents.parallel)):
         if parallel.is_member:
             model = model_provider(agent_cfg, parallel, agents.hf_configs[k], cfg.run.seed + k)

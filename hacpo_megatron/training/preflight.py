@@ -91,9 +91,15 @@ def _check_weights(folder: str) -> None:
 
 def _tokenizer_problems(cfg: Config) -> List[str]:
     from hacpo_megatron.bridge import load_tokenizer
+    from hacpo_megatron.bridge.prompt_formats import check_can_render, parse_prompt_format
 
     problems: List[str] = []
     for k, agent in enumerate(cfg.agents):
-        _attempt(problems, f"agents.{k} ({agent.name}).tokenizer",
-                 lambda a=agent: load_tokenizer(a.tokenizer or a.init_from or a.model))
+        name = agent.tokenizer or agent.init_from or agent.model
+        found = len(problems)
+        _attempt(problems, f"agents.{k} ({agent.name}).tokenizer", lambda: load_tokenizer(name, agent.prompt_format))
+        if len(problems) == found:  # it loads: can it ask in the agent's format?
+            _attempt(problems, f"agents.{k} ({agent.name}).prompt_format",
+                     lambda: check_can_render(load_tokenizer(name, agent.prompt_format),
+                                              parse_prompt_format(agent.prompt_format), name))
     return problems

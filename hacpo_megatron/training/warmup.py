@@ -63,11 +63,13 @@ TRAINING_RUNS = 0
 
 # ---------------------------------------------------------------------------------------------- data
 def build_examples(tokenizer, records) -> List[Example]:
-    """(chat-rendered prompt ids, answer ids) per record; the answer is target_text + tokenizer.eos_token."""
+    """(rendered prompt ids, answer ids) per record; the answer is target_text + the token that ends an answer
+    (the tokenizer's EOS, or a line break in a line prompt format: bridge/prompt_formats.py)."""
+    from hacpo_megatron.bridge.prompt_formats import answer_end_id
     from hacpo_megatron.bridge.retokenize import render_prompt
     from hacpo_megatron.data import target_text
 
-    eos = tokenizer.eos_token_id
+    eos = answer_end_id(tokenizer)
     examples = []
     for record in records:
         answer = tokenizer.encode(target_text(record), add_special_tokens=False) + [eos]
@@ -139,8 +141,13 @@ def answer_metrics(model, examples: Sequence[Example], pad_id: int, batch_size: 
 
 # ---------------------------------------------------------------------------------------------- cache
 def warmup_key(hf_config: dict, tokenizer_name: str, task_spec: str, *, steps: int, batch_size: int,
-               lr: float, seed: int, stop_accuracy: Optional[float] = None) -> str:
+               lr: float, seed: int, stop_accuracy: Optional[float] = None, prompt_format: str = "chat") -> str:
     settings = _settings(hf_config, tokenizer_name, task_spec, steps, batch_size, lr, seed, stop_accuracy)
+    if prompt_format != "chat":  # the prompts' text, a few-shot file's content included (chat: keys as before)
+        from hacpo_megatron.bridge.prompt_formats import parse_prompt_format
+
+        fmt = parse_prompt_format(prompt_format)
+        settings["prompt_format"] = dict(kind=fmt.kind, examples=fmt.examples)
     return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode("utf-8")).hexdigest()
 
 
@@ -242,8 +249,8 @@ def _keep_freed_memory(threshold: int = 1 << 30):
 
 
 def supervised_warmup(hf_config: dict, tokenizer_name: str, task_spec: str, *, steps: int, batch_size: int,
-                      lr: float, seed: int, cache_dir: str,
-                      stop_accuracy: Optional[float] = None) -> Dict[str, torch.Tensor]:
+                      lr: float, seed: int, cache_dir: str, stop_accuracy: Optional[float] = None,
+                      prompt_format: str = "chat") -> Dict[str, torch.Tensor]:
     """Weights (Hugging Face names, tied ones under both names) of the warmed-up model; cached on disk.
 
     The model is ``hf_model_from_config(hf_config, seed=seed)`` trained for at most ``steps`` Adam steps of
@@ -253,7 +260,7 @@ def supervised_warmup(hf_config: dict, tokenizer_name: str, task_spec: str, *, s
     ``answer_metrics``) reaches it: see ``train_warmup_model``.
     """
     key = warmup_key(hf_config, tokenizer_name, task_spec, steps=steps, batch_size=batch_size, lr=lr, seed=seed,
-                     stop_accuracy=stop_accuracy)
+                     stop_accuracy=stop_accuracy, prompt_format=prompt_format)
     folder = os.path.join(cache_dir, key)
     cached = _load_cached(folder)
     if cached is not None:
@@ -261,7 +268,7 @@ def supervised_warmup(hf_config: dict, tokenizer_name: str, task_spec: str, *, s
         return cached
 
     model, info = train_warmup_model(hf_config, tokenizer_name, task_spec, steps=steps, batch_size=batch_size,
-                                     lr=lr, seed=seed, stop_accuracy=stop_accuracy)
+                                     lr=lr, seed=seed, stop_accuracy=stop_accuracy, prompt_format=prompt_format)
     state = dict(model.state_dict())
     _save(folder, state, dict(info, key=key))
     return state
@@ -288,7 +295,8 @@ def lr_factor(step: int, *, steps: int) -> float:
 
 
 def train_warmup_model(hf_config: dict, tokenizer_name: str, task_spec: str, *, steps: int, batch_size: int,
-                       lr: float, seed: int, stop_accuracy: Optional[float] = None, measure: bool = True):
+                       lr: float, seed: int, stop_accuracy: Optional[float] = None, measure: bool = True,
+                       prompt_format: str = "chat"):
     """The uncached training: returns (the trained transformers model, info dict with settings and metrics).
 
     Why ``stop_accuracy``. Tiny models learn these tasks in a sudden transition: a plateau where they predict
@@ -307,7 +315,7 @@ def train_warmup_model(hf_config: dict, tokenizer_name: str, task_spec: str, *, 
 
     TRAINING_RUNS += 1
     started = time.perf_counter()
-    tokenizer = load_tokenizer(tokenizer_name)
+    tokenizer = load_tokenizer(tokenizer_name, prompt_format)
     pad_id = pad_token_id(tokenizer)
     train = build_examples(tokenizer, load_prompts(task_spec, split="train"))
     if not train:

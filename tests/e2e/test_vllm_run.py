@@ -1,6 +1,7 @@
 """The loop driven by vLLM engines (vLLM's CPU build), weights sent over a gloo group of their own.
 
-One agent at TP = 2 and one at PP = 2, so the trainer gathers shards and stages before sending;
+One agent at TP = 2 (tiny Qwen3, chat template) and one at PP = 2 (tiny Gemma 3 with Gemma's tokenizer, asked
+in the plain line format: its answers end at a line break), so the trainer gathers shards and stages before sending;
 the check mode compares every engine weight with the trainer's after every sync (the run stops if
 one differs), and the engine/trainer log-prob gap of every sampled token is logged each step.
 """
@@ -15,7 +16,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.distributed, pytest.mark.vllm]
 def vllm_config(tmp, cache):
     agents = yaml.safe_load((REPO / "configs" / "default.yaml").read_text())["agents"]
     agents[0].update(engine="vllm", parallel={"tensor": 2, "first_rank": 0})  # qwen3-tiny: TP = 2 on ranks 0-1
-    agents[1].update(engine="vllm", parallel={"pipeline": 2, "first_rank": 0})  # llama-tiny: PP = 2, time-shared
+    # Gemma 3 (sandwich norms, sliding windows, 262k vocabulary) at PP = 2, time-shared, asked as a base model is
+    agents[1].update(name="gemma3-tiny", model="tiny-gemma3", tokenizer="gemma3", prompt_format="plain", engine="vllm",
+                     parallel={"pipeline": 2, "first_rank": 0})
     # two steps: the second one starts from weights the first update pushed (and is where the engine is killed)
     return small_config(tmp, cache, agents=agents, rollout={"weight_transport": "process_group"},
                         checkpoint={"save_every": 1}, run={"total_steps": 2})
@@ -30,7 +33,7 @@ def vllm_reference(tmp_path_factory, cache):
 
 def test_vllm_engines_serve_exactly_the_trainers_weights(vllm_reference):
     train = [r for r in metrics(vllm_reference) if r["kind"] == "train"]
-    assert len(train) == 4 and {r["agent"] for r in train} == {"qwen3-tiny", "llama-tiny"}
+    assert len(train) == 4 and {r["agent"] for r in train} == {"qwen3-tiny", "gemma3-tiny"}
     assert all(r["weight_sync/check_equal"] == 1.0 for r in train)
     # the sampled tokens' log-probs as vLLM reported them vs the trainer's: fp32 on both sides
     assert all(r["rollout/logprob_diff_max"] < 1e-3 for r in train)

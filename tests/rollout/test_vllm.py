@@ -15,16 +15,24 @@ from hacpo_megatron.rollout.vllm_engine import cpu_thread_binding
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-@pytest.fixture(scope="module")
-def facts(tmp_path_factory):
+def run_checks(work, *mode):
     assert importlib.util.find_spec("vllm") is not None, "vLLM is not installed: `make setup-vllm` (make test does)"
-    work = tmp_path_factory.mktemp("vllm")
     out = work / "facts.json"
     env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", TOKENIZERS_PARALLELISM="false")
-    proc = subprocess.run([sys.executable, os.path.join(REPO, "tests", "rollout", "vllm_checks.py"), str(out), str(work)],
-                          capture_output=True, text=True, timeout=900, env=env, cwd=REPO)
+    proc = subprocess.run([sys.executable, os.path.join(REPO, "tests", "rollout", "vllm_checks.py"), str(out), str(work),
+                           *mode], capture_output=True, text=True, timeout=900, env=env, cwd=REPO)
     assert proc.returncode == 0 and out.exists(), proc.stdout[-3000:] + proc.stderr[-6000:]
     return json.loads(out.read_text())
+
+
+@pytest.fixture(scope="module")
+def facts(tmp_path_factory):
+    return run_checks(tmp_path_factory.mktemp("vllm"))
+
+
+@pytest.fixture(scope="module")
+def gemma3_facts(tmp_path_factory):
+    return run_checks(tmp_path_factory.mktemp("vllm_gemma3"), "gemma3")
 
 
 @pytest.mark.vllm
@@ -71,3 +79,18 @@ def test_thread_binding_gives_each_worker_its_own_block_of_the_allowed_cores():
     assert cpu_thread_binding(2, 2, [7, 3, 5, 4]) == "3,4|5,7"  # sorted, one block per worker
     assert cpu_thread_binding(1, 3, [2, 6]) == "2|6|2"  # more workers than cores: they wrap around
     assert cpu_thread_binding(8, 1, [0, 1]) == "0,1"  # never more threads than cores, never a core twice
+
+
+@pytest.mark.vllm
+def test_vllm_runs_gemma3_with_pushed_weights_as_transformers_does_past_the_sliding_window(gemma3_facts):
+    facts = gemma3_facts
+    assert min(facts["prompt_lengths"]) > 2 * facts["window"]  # both layer types differ from full attention here
+    assert facts["logprob_max_abs_diff"] < 1e-4  # vs transformers' Gemma3ForCausalLM, logits / T
+    assert facts["check_after_update_equal"] and facts["check_after_update_max_diff"] == 0.0
+    assert facts["logprob_max_abs_diff_after_update"] < 1e-4
+
+
+@pytest.mark.vllm
+def test_vllm_stops_a_line_format_answer_at_its_line_break(gemma3_facts):
+    tokens, reason, line_break, first = gemma3_facts["stopped"]
+    assert first != line_break and tokens == [line_break] and reason == "stop"

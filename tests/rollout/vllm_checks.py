@@ -1,7 +1,8 @@
 """Exercises VLLMEngine for real on vLLM's CPU build (run by test_vllm.py in a child process).
 
-Usage: python vllm_checks.py OUT_JSON WORKDIR. Writes the measured facts; test_vllm.py asserts on them.
-One engine start per run (vLLM on CPU takes ~25 s to start).
+Usage: python vllm_checks.py OUT_JSON WORKDIR [gemma3]. Writes the measured facts; test_vllm.py asserts on them.
+One engine start per run (vLLM on CPU takes ~25 s to start): a tiny Qwen3 by default; with `gemma3`, a tiny
+random Gemma 3 (both layer types, a window shorter than the sequences) with Gemma's tokenizer in a line format.
 """
 import json
 import os
@@ -109,5 +110,60 @@ def main(out_path, workdir):
         json.dump(facts, f, indent=1)
 
 
+def gemma3_main(out_path, workdir):
+    """Gemma 3 in vLLM as the engine actor starts it (config.json only, weights pushed): its log-probs equal
+    transformers' on sequences longer than the sliding window, before and after a weight update, and it stops at a
+    line break in a line prompt format."""
+    from hacpo_megatron.bridge.tokenizers import eos_token_ids, load_tokenizer
+    from hacpo_megatron.models.presets import PRESETS
+    from hacpo_megatron.rollout import make_engine
+    from hacpo_megatron.rollout.base import SamplingParams, push_weights
+    from hacpo_megatron.rollout.embedded import hf_model_from_config
+
+    config = dict(PRESETS["tiny-gemma3"])
+    model_a, model_b = hf_model_from_config(config, seed=0), hf_model_from_config(config, seed=1)
+    os.makedirs(f"{workdir}/config_only")
+    with open(f"{workdir}/config_only/config.json", "w") as f:
+        json.dump(config, f)
+    tokenizer = load_tokenizer("gemma3", "plain")
+    ends = sorted(eos_token_ids(tokenizer))
+    engine = make_engine("vllm", model_path=f"{workdir}/config_only", eos_token_ids=ends, seed=0, max_model_len=256,
+                         load_format="dummy", tokenizer=tokenizer, cpu_threads=2)
+    prompts = [tokenizer(f"Question: What is {a} + {b}? Count slowly and carefully.\nAnswer:")["input_ids"]
+               for a, b in ((3, 4), (12, 9))]
+    window = config["sliding_window"]
+    params = SamplingParams(n=2, temperature=0.8, max_new_tokens=12, seed=5)
+    facts = {"prompt_lengths": [len(p) for p in prompts], "window": window}
+    push_weights(engine, [(n, t) for n, t in model_a.state_dict().items() if n != "lm_head.weight"])
+    out = engine.generate(prompts, params)
+    facts["logprob_max_abs_diff"] = max(abs(x - y) for p, g in zip(prompts, out) for c in g
+                                        for x, y in zip(c.logprobs, teacher_forced(model_a, p, c.token_ids, 0.8)))
+    facts["lengths"] = [len(c.token_ids) for g in out for c in g]
+    push_weights(engine, list(model_b.state_dict().items()))
+    after = engine.check_weights(list(model_b.state_dict().items()))
+    facts["check_after_update_equal"], facts["check_after_update_max_diff"] = after.equal, after.max_abs_diff
+    out_b = engine.generate(prompts, params)
+    facts["logprob_max_abs_diff_after_update"] = max(
+        abs(x - y) for p, g in zip(prompts, out_b) for c in g
+        for x, y in zip(c.logprobs, teacher_forced(model_b, p, c.token_ids, 0.8)))
+    # a line break ends the answer. Greedy decoding of a prompt without one picks some token t first; the lm head is
+    # the tied embedding, so giving the line break twice t's row doubles t's (positive, the largest) logit for it
+    line_break = tokenizer.encode("\n", add_special_tokens=False)[0]
+    one_line = [tokenizer("Question: What is 3 + 4? Answer:")["input_ids"]]
+    greedy = SamplingParams(n=1, greedy=True, max_new_tokens=12, seed=0)
+    first = engine.generate(one_line, greedy)[0][0].token_ids[0]
+    embed = model_b.state_dict()["model.embed_tokens.weight"].clone()
+    embed[line_break] = 2 * embed[first]
+    push_weights(engine, [("model.embed_tokens.weight", embed)])
+    stopped = engine.generate(one_line, greedy)[0][0]
+    facts["stopped"] = [stopped.token_ids, stopped.finish_reason, line_break, first]
+    engine.shutdown()
+    with open(out_path, "w") as f:
+        json.dump(facts, f, indent=1)
+
+
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    if sys.argv[3:] == ["gemma3"]:
+        gemma3_main(sys.argv[1], sys.argv[2])
+    else:
+        main(sys.argv[1], sys.argv[2])
