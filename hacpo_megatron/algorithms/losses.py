@@ -136,6 +136,10 @@ def hacpo_policy_loss(
 
     with torch.no_grad():
         s_own, s_cross = s[~is_cross], s[is_cross]
+        # another agent's answers that the learner should move toward (above its baseline: with 0/1 rewards, the
+        # right ones) and, of those, the ones whose ratio lets the gradient through the clip
+        positive = advantages[is_cross] > 0
+        passes = (s_cross >= lower) & (s_cross <= 1.0) if cross_clip else torch.ones_like(positive)
         metrics = {
             "own_ratio_mean": _mean(s_own),
             "cross_ratio_mean": _mean(s_cross),
@@ -143,6 +147,8 @@ def hacpo_policy_loss(
             "own_clip_frac_upper": _fraction(s_own > 1.0 + clip_high),
             "cross_clip_frac_lower": _fraction(s_cross < lower) if cross_clip else 0.0,
             "cross_clip_frac_upper": _fraction(s_cross > 1.0) if cross_clip else 0.0,
+            "cross_positive_frac": _fraction(positive),
+            "cross_positive_inside_frac": _fraction(positive & passes),
             "cross_clip_lower_bound": lower,
             "num_own": float(s_own.numel()),
             "num_cross": float(s_cross.numel()),

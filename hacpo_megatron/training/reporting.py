@@ -482,7 +482,8 @@ CURVE_PANELS = (
     Panel("own-response clip fraction", (("own_clip_frac_lower", "lower"), ("own_clip_frac_upper", "upper")),
           "fraction"),
     Panel("other agents' responses clip fraction",
-          (("cross_clip_frac_lower", "lower"), ("cross_clip_frac_upper", "upper")), "fraction"),
+          (("cross_clip_frac_lower", "below"), ("cross_clip_frac_upper", "above"),
+           ("cross_positive_inside_frac", "advantage > 0, inside")), "fraction"),
     Panel("gradient norm", (("grad_norm", ""),)),
     Panel("response length (tokens)", (("response_length_mean", ""),), "tokens"),
 )

@@ -256,7 +256,7 @@ class AgentTrainer:
     def _reduce_metrics(self, results: list) -> Dict[str, float]:
         """Sum the micro-batch metrics over micro-batches and data-parallel replicas; same on every rank."""
         keys = ("loss", "own_ratio_mean", "cross_ratio_mean", "own_clip_frac_lower", "own_clip_frac_upper",
-                "cross_clip_frac_lower", "cross_clip_frac_upper", "num_own", "num_cross", "kl", "model_flops")
+                "num_own", "num_cross", "kl", "model_flops") + CROSS_FRACTIONS
         totals = torch.zeros(len(keys), dtype=torch.float64)
         for result in results:
             for i, key in enumerate(keys):
@@ -273,11 +273,16 @@ class AgentTrainer:
         out = {"loss": t["loss"], "num_own": t["num_own"], "num_cross": t["num_cross"], "model_flops": t["model_flops"]}
         for key in ("own_ratio_mean", "own_clip_frac_lower", "own_clip_frac_upper"):
             out[key] = t[key] / t["num_own"] if t["num_own"] else math.nan
-        for key in ("cross_ratio_mean", "cross_clip_frac_lower", "cross_clip_frac_upper"):
+        for key in ("cross_ratio_mean",) + CROSS_FRACTIONS:
             out[key] = t[key] / t["num_cross"] if t["num_cross"] else math.nan
         if self.hp.kl_coef > 0:
             out["kl"] = t["kl"] / t["num_own"] if t["num_own"] else math.nan
         return out
+
+
+# fractions of the other agents' rows: below / above the cross clip; with a positive advantage; and those that also
+# pass the clip (the other agents' good answers that moved the learner)
+CROSS_FRACTIONS = ("cross_clip_frac_lower", "cross_clip_frac_upper", "cross_positive_frac", "cross_positive_inside_frac")
 
 
 def _weight(key: str, metrics: Dict[str, float], n: float) -> float:
@@ -292,7 +297,7 @@ def _weight(key: str, metrics: Dict[str, float], n: float) -> float:
 
 _NO_UPDATE = {"loss": math.nan, "num_own": 0.0, "num_cross": 0.0, "grad_norm": math.nan, "update_skipped": 1.0,
               **{key: math.nan for key in ("own_ratio_mean", "own_clip_frac_lower", "own_clip_frac_upper",
-                                           "cross_ratio_mean", "cross_clip_frac_lower", "cross_clip_frac_upper")}}
+                                           "cross_ratio_mean") + CROSS_FRACTIONS}}
 
 
 def _padded(values: Sequence[Optional[Sequence[float]]], width: int, device) -> torch.Tensor:

@@ -62,6 +62,7 @@ def test_cross_row_exponential_is_and_stepwise_clip():
     assert torch.allclose(logp.grad, torch.full((1, 2), -0.5 * s**3 / 2, dtype=torch.float64))
     assert m["cross_ratio_mean"] == pytest.approx(s)
     assert m["cross_clip_lower_bound"] == pytest.approx(0.8)
+    assert m["cross_positive_frac"] == m["cross_positive_inside_frac"] == 1.0  # a good answer that moves the learner
 
     # at m = 5 the lower bound is 0.8 + 5 * 0.025 = 0.925 > s: clipped, no gradient
     logp.grad = None
@@ -71,6 +72,7 @@ def test_cross_row_exponential_is_and_stepwise_clip():
     loss.backward()
     assert logp.grad.abs().max().item() == 0.0
     assert m["cross_clip_frac_lower"] == 1.0
+    assert m["cross_positive_frac"] == 1.0 and m["cross_positive_inside_frac"] == 0.0  # a good answer, clipped away
 
 
 def test_cross_ratio_above_one_is_capped_at_one():
@@ -249,3 +251,18 @@ def test_shape_mismatch_and_nonfinite_advantages_are_rejected():
     adv[0] = float("nan")
     with pytest.raises(ValueError, match="non-finite"):
         hacpo_policy_loss(logp, mask, old, adv, is_cross, update_index=0)
+
+
+def test_positive_cross_rows_inside_the_clip_are_counted_apart_from_the_others():
+    # five other-agent rows and one own row: ratios below, inside (twice), at 1 and above the clip [0.8, 1]
+    mask = torch.ones(6, 1, dtype=torch.bool)
+    ratios = torch.tensor([0.5, 0.85, 0.9, 1.0, 1.5, 0.9], dtype=torch.float64)
+    advantages = torch.tensor([1.0, 1.0, -1.0, 0.5, 2.0, 1.0], dtype=torch.float64)
+    is_cross = torch.tensor([True, True, True, True, True, False])
+    _, m = hacpo_policy_loss(ratios.log()[:, None], mask, torch.zeros(6, dtype=torch.float64), advantages, is_cross,
+                             update_index=0)
+    assert m["cross_positive_frac"] == pytest.approx(4 / 5)  # the own row and the negative one do not count
+    assert m["cross_positive_inside_frac"] == pytest.approx(2 / 5)  # 0.85 and 1.0: below and above carry no gradient
+    _, m = hacpo_policy_loss(ratios.log()[:, None], mask, torch.zeros(6, dtype=torch.float64), advantages, is_cross,
+                             update_index=0, cross_clip=False)
+    assert m["cross_positive_inside_frac"] == pytest.approx(4 / 5)  # no clip: every one moves the learner
