@@ -40,9 +40,9 @@ from transformers import PreTrainedTokenizerBase
 FEW_SHOT_PREFIX = "few_shot:"
 LINE_BREAK = "\n"
 
-# The plain question/answer layout (GPT-2's built-in "chat" template, bridge/tokenizers.py, is the same layout):
-# a system message leads, each user turn is a question, each assistant turn an answer.
-_CONVERSATION = (
+# The plain question/answer layout (also GPT-2's built-in "chat" template, bridge/tokenizers.py): a system message
+# leads, each user turn is a question, each assistant turn an answer.
+QUESTION_ANSWER_TEMPLATE = (
     "{%- for message in messages -%}"
     "{%- if message['role'] == 'system' -%}{{- message['content'] + '\n\n' -}}"
     "{%- elif message['role'] == 'user' -%}{{- 'Question: ' + message['content'] + '\n' -}}"
@@ -99,7 +99,7 @@ def prompt_template(fmt: PromptFormat, bos_token: Optional[str]) -> str:
     if fmt.kind == "few_shot":
         # verbatim, and no whitespace control next to the raw block (it would strip the examples' own edges)
         lead += "{% raw %}" + fmt.examples + "{% endraw %}{{ '\\n\\n' }}"
-    return lead + _CONVERSATION
+    return lead + QUESTION_ANSWER_TEMPLATE
 
 
 def _starts_texts_with_bos(tokenizer: PreTrainedTokenizerBase) -> bool:

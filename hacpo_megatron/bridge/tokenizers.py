@@ -45,7 +45,9 @@ from typing import Callable
 
 from transformers import AutoTokenizer, GPT2TokenizerFast, PreTrainedTokenizerBase
 
-from hacpo_megatron.bridge.prompt_formats import install_prompt_format, line_end_ids, parse_prompt_format
+from hacpo_megatron.bridge.prompt_formats import (
+    QUESTION_ANSWER_TEMPLATE, install_prompt_format, line_end_ids, parse_prompt_format,
+)
 
 # The Llama-3 instruct format (as in Meta's Llama 3 template; without the "Cutting Knowledge Date" system
 # preamble that the 3.1/3.2 template adds, which would put today's date into every prompt).
@@ -56,17 +58,6 @@ LLAMA3_CHAT_TEMPLATE = (
     " + message['content'] | trim + '<|eot_id|>' -}}"
     "{%- endfor -%}"
     "{%- if add_generation_prompt -%}{{- '<|start_header_id|>assistant<|end_header_id|>\n\n' -}}{%- endif -%}"
-)
-
-# GPT-2 has no chat format of its own: a plain question/answer layout, the way GPT-2 was prompted for QA.
-PLAIN_QA_CHAT_TEMPLATE = (
-    "{%- for message in messages -%}"
-    "{%- if message['role'] == 'system' -%}{{- message['content'] + '\n\n' -}}"
-    "{%- elif message['role'] == 'user' -%}{{- 'Question: ' + message['content'] + '\n' -}}"
-    "{%- else -%}{{- 'Answer: ' + message['content'] + '\n\n' -}}"
-    "{%- endif -%}"
-    "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}{{- 'Answer:' -}}{%- endif -%}"
 )
 
 # Special tokens with which a model of a known family ends its response (turn ends and document ends).
@@ -99,7 +90,9 @@ def _load_gpt2() -> PreTrainedTokenizerBase:
     # vocab.bpe: a "#version" line, then one merge "left right" per line.
     merges = [tuple(line.split()) for line in (data / "vocab.bpe").read_text(encoding="utf-8").splitlines()[1:] if line]
     tokenizer = GPT2TokenizerFast(vocab=vocab, merges=merges)
-    tokenizer.chat_template = PLAIN_QA_CHAT_TEMPLATE
+    # GPT-2 has no chat format of its own: the plain question/answer layout, the way GPT-2 was prompted for QA
+    # (as its "chat" template, its answers end with <|endoftext|>, not at a line break)
+    tokenizer.chat_template = QUESTION_ANSWER_TEMPLATE
     return tokenizer
 
 
