@@ -152,9 +152,10 @@ def gemma3_main(out_path, workdir):
     one_line = [tokenizer("Question: What is 3 + 4? Answer:")["input_ids"]]
     greedy = SamplingParams(n=1, greedy=True, max_new_tokens=12, seed=0)
     first = engine.generate(one_line, greedy)[0][0].token_ids[0]
-    embed = model_b.state_dict()["model.embed_tokens.weight"].clone()
+    weights = {n: t for n, t in model_b.state_dict().items() if n != "lm_head.weight"}  # the whole model: CPU reloads it
+    embed = weights["model.embed_tokens.weight"].clone()
     embed[line_break] = 2 * embed[first]
-    push_weights(engine, [("model.embed_tokens.weight", embed)])
+    push_weights(engine, list(dict(weights, **{"model.embed_tokens.weight": embed}).items()))
     stopped = engine.generate(one_line, greedy)[0][0]
     facts["stopped"] = [stopped.token_ids, stopped.finish_reason, line_break, first]
     engine.shutdown()
