@@ -60,12 +60,7 @@ class PromptFormatError(ValueError):
 @dataclasses.dataclass(frozen=True)
 class PromptFormat:
     kind: str  # "chat" | "plain" | "few_shot"
-    examples: str = ""  # few_shot: the file's worked examples, without trailing blank lines
-    source: Optional[str] = None  # few_shot: the file they came from
-
-    @property
-    def answers_are_lines(self) -> bool:
-        return self.kind != "chat"
+    examples: str = ""  # few_shot: the file's worked examples, without leading or trailing blank lines
 
 
 def parse_prompt_format(value: str) -> PromptFormat:
@@ -90,7 +85,7 @@ def parse_prompt_format(value: str) -> PromptFormat:
         if line.strip() and not line.startswith(("Question: ", "Answer: ")):
             raise PromptFormatError(f"{path}, line {number}: every example line starts with 'Question: ' or "
                                     f"'Answer: ' (an answer is one line), got {line[:60]!r}")
-    return PromptFormat("few_shot", examples=examples, source=str(path))
+    return PromptFormat("few_shot", examples=examples)
 
 
 def prompt_template(fmt: PromptFormat, bos_token: Optional[str]) -> str:
