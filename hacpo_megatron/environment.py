@@ -1,9 +1,13 @@
-"""The process environment, changed for a block: what processes started inside it inherit."""
+"""The process environment, changed for a block: what processes started inside it inherit; and the
+C library's allocator, where it is glibc."""
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
+import gc
 import os
-from typing import Dict, Iterator
+from typing import Any, Dict, Iterator, Optional
 
 
 @contextlib.contextmanager
@@ -19,3 +23,21 @@ def environment_set(values: Dict[str, str]) -> Iterator[None]:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+def glibc() -> Optional[Any]:
+    """The C library (ctypes) where it is glibc, with `mallopt` and `malloc_trim`; None elsewhere."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    except OSError:
+        return None
+    return libc if hasattr(libc, "malloc_trim") and hasattr(libc, "mallopt") else None
+
+
+def return_freed_memory() -> None:
+    """Collect garbage cycles, then give the pages of freed blocks back to the system (malloc_trim):
+    after a process freed big tensors that glibc would keep for reuse. Elsewhere: the collection only."""
+    gc.collect()
+    libc = glibc()
+    if libc is not None:
+        libc.malloc_trim(0)

@@ -27,7 +27,8 @@ and the prompt is rendered again with k's own chat template. Decisions, and why:
   the source's text, and to exactly the source's text otherwise. No tokenizer here strips or folds
   whitespace. A multi-byte character cut in half by truncation decodes to U+FFFD on both sides.
 - Identical vocabularies (e.g. Qwen3-1.7B and Qwen3-4B): the source's ids are the learner's ids, untouched
-  (decode/encode may not return the ids the model sampled), so L_k = L_j.
+  (decode/encode may not return the ids the model sampled), so L_k = L_j; when the two are asked in formats
+  with different end tokens (chat and few-shot), the source's end token is swapped for the learner's.
 - Thinking: Qwen3's template takes `enable_thinking`. True (the template's own default, and what verl
   renders when it passes no flag, as the paper's authors did) ends the prompt at `<|im_start|>assistant\\n`;
   False appends the empty `<think>\\n\\n</think>\\n\\n` block. Templates without the flag ignore it. Whatever
@@ -143,11 +144,13 @@ def bridge_responses(
     if any(not generated for generated, _ in trimmed):
         raise ValueError("empty response: its old log-prob per token (sum / L_j) is undefined")
 
-    if same_vocabulary(source_tokenizer, learner_tokenizer):
+    same_ids = same_vocabulary(source_tokenizer, learner_tokenizer)
+    if same_ids and end_ids == eos_token_ids(learner_tokenizer):
         learner_responses = [generated for generated, _ in trimmed]
     else:
         contents = [generated[:-1] if ended else generated for generated, ended in trimmed]
-        encoded = _encode_texts(learner_tokenizer, _decode_texts(source_tokenizer, contents))
+        # one vocabulary, asked in other formats: the sampled ids stay, the learner's own end replaces the source's
+        encoded = contents if same_ids else _encode_texts(learner_tokenizer, _decode_texts(source_tokenizer, contents))
         learner_eos = answer_end_id(learner_tokenizer)
         learner_responses = [ids + [learner_eos] if ended else ids for ids, (_, ended) in zip(encoded, trimmed)]
 

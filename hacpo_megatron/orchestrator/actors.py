@@ -5,10 +5,15 @@
     RewardActor   holds a RewardPool: math-verify (or a plug-in) in worker processes with time limits
 
 Actors restart when their process dies (`max_restarts`); a restarted engine has lost its weights,
-so the training loop pushes them again before it retries the step (see training/loop.py).
+so the training loop pushes them again before it retries the step (see training/loop.py). An engine
+that runs a process of its own (vLLM's engine core) can lose it while the actor lives on: the actor
+then ends its own process, so that Ray restarts it and callers see one kind of failure, a dead actor.
+A weight call to a dead actor raises `EngineLost` (rollout/base.py), which the weight sync reports.
 """
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import os
 import tempfile
@@ -18,12 +23,29 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 import ray
 import torch
 
-from hacpo_megatron.rollout.base import Completion, RolloutEngine, SamplingParams, WeightCheck
+from hacpo_megatron.rollout.base import Completion, EngineLost, RolloutEngine, SamplingParams, WeightCheck
 
 ACTOR_RESTARTS = 3
 # Engines and reward workers are scheduled without reserving Ray CPUs: the trainers (torchrun
 # processes Ray does not see) use the same cores, and phases alternate rather than overlap.
 ACTOR_OPTIONS = dict(num_cpus=0, max_restarts=ACTOR_RESTARTS, max_task_retries=0)
+ACTOR_DEATHS = (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError)
+
+
+def restarts_when_engine_lost(method):
+    """An EngineActor method that ends the actor's process when the engine says its own process is
+    gone (`RolloutEngine.process_lost`): the engine can never serve again, and a new actor can."""
+    @functools.wraps(method)
+    def guarded(self, *args, **kwargs):
+        try:
+            return method(self, *args, **kwargs)
+        except Exception as error:
+            if not self.engine.process_lost(error):
+                raise
+            print(f"engine actor {os.getpid()}: {method.__name__} found the engine's own process gone "
+                  f"({type(error).__name__}: {error}); ending this actor so that Ray restarts it", flush=True)
+            os._exit(1)
+    return guarded
 
 
 @ray.remote
@@ -64,15 +86,29 @@ class EngineActor:
     def pid(self) -> int:
         return os.getpid()
 
+    def crash_in_next_bucket(self) -> None:
+        """Fault injection for tests: the next bucket of weights ends this process in the middle of
+        the update, as the loss of the engine's own process does (`restarts_when_engine_lost`)."""
+        self._crash_in_next_bucket = True
+
+    def _crash_if_asked(self) -> None:
+        if getattr(self, "_crash_in_next_bucket", False):
+            os._exit(1)
+
+    @restarts_when_engine_lost
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> List[List[Completion]]:
         return self.engine.generate(prompts, params)
 
+    @restarts_when_engine_lost
     def begin_weight_update(self) -> None:
         self.engine.begin_weight_update()
 
+    @restarts_when_engine_lost
     def update_weights(self, payload: bytes) -> None:
+        self._crash_if_asked()
         self.engine.update_weights(_unpack(payload))
 
+    @restarts_when_engine_lost
     def finish_weight_update(self, buckets_sent: Optional[int] = None) -> None:
         """`buckets_sent`: how many buckets the trainer broadcast in this update (weight groups only)."""
         if buckets_sent is not None:
@@ -80,24 +116,32 @@ class EngineActor:
         self.engine.finish_weight_update()
 
     # weights over a group of their own or CUDA IPC (rollout/transport.py, orchestrator/weight_senders.py)
+    @restarts_when_engine_lost
     def weight_receivers(self) -> int:
         return self.engine.weight_receivers()
 
+    @restarts_when_engine_lost
     def join_weight_group(self, address) -> None:
         self.engine.join_weight_group(address)
 
+    @restarts_when_engine_lost
     def receive_bucket(self, header) -> None:
+        self._crash_if_asked()
         self.engine.receive_bucket(header)
 
+    @restarts_when_engine_lost
     def receive_ipc_bucket(self, header, handle) -> None:
         self.engine.receive_ipc_bucket(header, handle)
 
+    @restarts_when_engine_lost
     def check_weights(self, payload: bytes, atol: float) -> WeightCheck:
         return self.engine.check_weights(_unpack(payload), atol)
 
+    @restarts_when_engine_lost
     def release_memory(self) -> None:
         self.engine.release_memory()
 
+    @restarts_when_engine_lost
     def resume_memory(self) -> None:
         self.engine.resume_memory()
 
@@ -116,13 +160,16 @@ class RemoteEngine(RolloutEngine):
         return ray.get(self.handle.generate.remote(prompts, params))
 
     def begin_weight_update(self) -> None:
-        ray.get(self.handle.begin_weight_update.remote())
+        with engine_lost_if_actor_dies(self.handle):
+            ray.get(self.handle.begin_weight_update.remote())
 
     def update_weights(self, bucket) -> None:
-        ray.get(self.handle.update_weights.remote(_pack(bucket)))
+        with engine_lost_if_actor_dies(self.handle):
+            ray.get(self.handle.update_weights.remote(_pack(bucket)))
 
     def finish_weight_update(self) -> None:
-        ray.get(self.handle.finish_weight_update.remote())
+        with engine_lost_if_actor_dies(self.handle):
+            ray.get(self.handle.finish_weight_update.remote())
 
     def check_weights(self, named_tensors: Iterable[Tuple[str, torch.Tensor]], atol: float = 0.0) -> WeightCheck:
         # A remote call needs its arguments whole: the check sends the tensors in one message.
@@ -133,6 +180,16 @@ class RemoteEngine(RolloutEngine):
 
     def resume_memory(self) -> None:
         ray.get(self.handle.resume_memory.remote())
+
+
+@contextlib.contextmanager
+def engine_lost_if_actor_dies(handle: Any):
+    """A weight call whose actor died (its process ended; Ray restarts it without the weights) raises
+    EngineLost, the weight sync's signal to finish its side and report the loss (rollout/base.py)."""
+    try:
+        yield
+    except ACTOR_DEATHS as error:
+        raise EngineLost(f"the engine actor {handle} died during a weight update ({type(error).__name__})") from error
 
 
 def _pack(named_tensors) -> bytes:
@@ -204,7 +261,7 @@ def call_with_restarts(handle: Any, method: str, *args: Any, attempts: int = ACT
     for attempt in range(attempts):
         try:
             return ray.get(getattr(handle, method).remote(*args))
-        except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as error:
+        except ACTOR_DEATHS as error:
             if attempt == attempts - 1:
                 raise
             print(f"{method} on {handle}: the actor died ({type(error).__name__}); waiting for its restart, "

@@ -17,7 +17,7 @@ from typing import Any, Callable
 import ray
 import torch
 
-from hacpo_megatron.orchestrator.actors import RemoteEngine
+from hacpo_megatron.orchestrator.actors import RemoteEngine, engine_lost_if_actor_dies
 from hacpo_megatron.rollout.transport import TRANSPORTS, broadcast, join_group, open_group, pack_bucket
 
 
@@ -51,19 +51,22 @@ class ProcessGroupSender(RemoteEngine):
         self.group = _alongside(joined, lambda: join_group(address, 0, store))
 
     def begin_weight_update(self) -> None:
-        if self.group is None:
-            self._connect()
-        ray.get(self.handle.begin_weight_update.remote())
+        with engine_lost_if_actor_dies(self.handle):
+            if self.group is None:
+                self._connect()
+            ray.get(self.handle.begin_weight_update.remote())
         self.sent = 0
 
     def update_weights(self, bucket) -> None:
         header, flat = pack_bucket(bucket, self.sent, self._device())
-        received = self.handle.receive_bucket.remote(header)
-        _alongside(received, lambda: broadcast(self.group, flat))
+        with engine_lost_if_actor_dies(self.handle):
+            received = self.handle.receive_bucket.remote(header)
+            _alongside(received, lambda: broadcast(self.group, flat))
         self.sent += 1
 
     def finish_weight_update(self) -> None:
-        ray.get(self.handle.finish_weight_update.remote(self.sent))
+        with engine_lost_if_actor_dies(self.handle):
+            ray.get(self.handle.finish_weight_update.remote(self.sent))
 
     def _device(self):
         return torch.device("cuda", torch.cuda.current_device()) if self.backend == "nccl" else None
@@ -85,7 +88,8 @@ class CudaIpcSender(ProcessGroupSender):
         from torch.multiprocessing.reductions import reduce_tensor
 
         header, flat = pack_bucket(bucket, self.sent, self._device())
-        ray.get(self.handle.receive_ipc_bucket.remote(header, reduce_tensor(flat)))
+        with engine_lost_if_actor_dies(self.handle):
+            ray.get(self.handle.receive_ipc_bucket.remote(header, reduce_tensor(flat)))
         self.sent += 1
 
 

@@ -18,6 +18,11 @@ Weights arrive in three calls, so that a trainer can stream a model of any size 
 `push_weights` does exactly this; `rollout/weight_sync.py` does it from a Megatron model. An engine
 may apply each bucket at once (embedded, SGLang) or stage them and apply at the end (vLLM's reload
 path wants the whole model); either way generation must not run between begin and finish.
+
+An engine in another process can die in the middle of an update (vLLM's engine core killed for its
+memory, a node lost). Its proxy then raises `EngineLost` from the weight call, and the weight sync
+finishes its side of the stream and reports the loss, so that the loop can send the weights again
+to the restarted engine instead of ending the run.
 """
 from __future__ import annotations
 
@@ -32,6 +37,10 @@ NamedTensors = Iterable[Tuple[str, torch.Tensor]]  # (Hugging Face name, full te
 WeightBucket = List[Tuple[str, torch.Tensor]]
 
 DEFAULT_BUCKET_BYTES = 256 * 2**20  # big enough to amortise a call, small next to any GPU's memory
+
+
+class EngineLost(RuntimeError):
+    """The engine's process died during a call: it has lost its weights (it is restarted elsewhere)."""
 
 
 @dataclass(frozen=True)
@@ -154,6 +163,11 @@ class RolloutEngine(abc.ABC):
 
     def shutdown(self) -> None:
         """Stop background processes; the engine is unusable afterwards."""
+
+    def process_lost(self, error: BaseException) -> bool:
+        """Does `error` (raised by one of this engine's calls) mean a process the engine needs is gone
+        for good, so that only a new engine can serve? vLLM: its engine core died. Default: no."""
+        return False
 
 
 def weight_buckets(named_tensors: NamedTensors, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> Iterator[WeightBucket]:

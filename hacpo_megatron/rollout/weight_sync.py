@@ -18,8 +18,10 @@ and return at once. Pass `engine=None` on every rank but the engine rank.
 
 The engine may be any object with the engine's methods: an engine in this process, or a proxy for
 one in another process (the orchestrator wraps Ray actor handles so). Nothing here knows Ray.
-An engine call that fails on the engine rank leaves the other ranks waiting in their sends: a
-failed weight sync ends the run.
+An engine whose process died in the middle (its proxy raises `EngineLost`) is not called again: the
+engine rank reads the rest of the stream, so that the other ranks finish their sends, and reports
+`engine_lost`; orchestrator/weight_delivery.py sends the weights again once the engine is back.
+Any other error of an engine call leaves the other ranks waiting in their sends and ends the run.
 """
 from __future__ import annotations
 
@@ -32,7 +34,7 @@ import torch
 from hacpo_megatron.checkpoint.hf_mapping import iter_hf_tensors
 from hacpo_megatron.models.architectures import HFConfig
 from hacpo_megatron.parallel.groups import AgentParallel
-from hacpo_megatron.rollout.base import DEFAULT_BUCKET_BYTES, WeightCheck, tensor_bytes, weight_buckets
+from hacpo_megatron.rollout.base import DEFAULT_BUCKET_BYTES, EngineLost, WeightCheck, tensor_bytes, weight_buckets
 
 
 @dataclass
@@ -47,6 +49,7 @@ class WeightSyncMetrics:
     largest_bucket_bytes: int = 0
     check: Optional[WeightCheck] = None  # set when the check mode ran, on the engine rank
     check_seconds: float = 0.0
+    engine_lost: bool = False  # the engine's process died during the sync: it holds no weights now
 
     @property
     def bytes_per_second(self) -> float:
@@ -56,7 +59,8 @@ class WeightSyncMetrics:
         """Flat numbers for the run's metrics log."""
         values = dict(seconds=self.seconds, engine_seconds=self.engine_seconds, bytes=float(self.bytes),
                       bytes_per_second=self.bytes_per_second, tensors=float(self.tensors),
-                      buckets=float(self.buckets), largest_bucket_bytes=float(self.largest_bucket_bytes))
+                      buckets=float(self.buckets), largest_bucket_bytes=float(self.largest_bucket_bytes),
+                      engine_losses=float(self.engine_lost))
         if self.check is not None:
             values.update(check_equal=float(self.check.equal), check_max_abs_diff=self.check.max_abs_diff,
                           check_seconds=self.check_seconds)
@@ -94,22 +98,33 @@ def sync_weights(
     metrics = WeightSyncMetrics()
     stream = _hf_stream(model, hf_config, agent_parallel, dtype)
     if is_engine_rank:
-        metrics.engine_seconds += _timed(engine.begin_weight_update)
-        for bucket in weight_buckets(stream, bucket_bytes):
-            size = sum(tensor_bytes(t) for _, t in bucket)
-            metrics.buckets += 1
-            metrics.tensors += len(bucket)
-            metrics.bytes += size
-            metrics.largest_bucket_bytes = max(metrics.largest_bucket_bytes, size)
-            metrics.engine_seconds += _timed(engine.update_weights, bucket)
-        metrics.engine_seconds += _timed(engine.finish_weight_update)
-    else:
-        _exhaust(stream)  # take part in the gathers and sends; this rank receives nothing
+        try:
+            _send(stream, engine, bucket_bytes, metrics)
+        except EngineLost as error:
+            print(f"agent {agent_parallel.name!r}: {error}; finishing the weight stream without it", flush=True)
+            metrics.engine_lost = True
+    _exhaust(stream)  # elsewhere: take part in the gathers and sends (this rank receives nothing)
     metrics.seconds = time.perf_counter() - start
-    if check:
+    if check and metrics.engine_lost:
+        _exhaust(_hf_stream(model, hf_config, agent_parallel, dtype))  # nothing to check; the others stream
+    elif check:
         metrics.check, metrics.check_seconds = check_engine_weights(
             model, hf_config, agent_parallel, engine, atol=atol, dtype=dtype)
     return metrics
+
+
+def _send(stream: Iterator[Tuple[str, torch.Tensor]], engine: Any, bucket_bytes: int,
+          metrics: WeightSyncMetrics) -> None:
+    """The engine's three-call update over the stream, counted into `metrics`."""
+    metrics.engine_seconds += _timed(engine.begin_weight_update)
+    for bucket in weight_buckets(stream, bucket_bytes):
+        size = sum(tensor_bytes(t) for _, t in bucket)
+        metrics.buckets += 1
+        metrics.tensors += len(bucket)
+        metrics.bytes += size
+        metrics.largest_bucket_bytes = max(metrics.largest_bucket_bytes, size)
+        metrics.engine_seconds += _timed(engine.update_weights, bucket)
+    metrics.engine_seconds += _timed(engine.finish_weight_update)
 
 
 def check_engine_weights(

@@ -34,14 +34,15 @@ from hacpo_megatron.config import Config, dump_config
 from hacpo_megatron.data import PromptSampler, load_prompts
 from hacpo_megatron.models.build import AgentModel
 from hacpo_megatron.models.presets import load_hf_config_dict
-from hacpo_megatron.orchestrator.actors import call_with_restarts, wait_until_alive
+from hacpo_megatron.orchestrator.actors import call_with_restarts
 from hacpo_megatron.orchestrator.preemption import Preempted, PreemptionGuard
 from hacpo_megatron.orchestrator.ray_runtime import RayRuntime
 from hacpo_megatron.orchestrator.startup import start_actors
+from hacpo_megatron.orchestrator.weight_delivery import ENGINE_RETRIES, push_all_weights, push_weights, resend_to_lost_engines
 from hacpo_megatron.parallel.groups import AgentParallel, create_agent_groups, init_distributed
 from hacpo_megatron.parallel.layout import required_world_size
 from hacpo_megatron.rollout.base import SamplingParams
-from hacpo_megatron.rollout.weight_sync import engine_rank, sync_weights
+from hacpo_megatron.rollout.weight_sync import engine_rank
 from hacpo_megatron.training import checkpointing
 from hacpo_megatron.training.batch import UpdateSchedule, mini_batches
 from hacpo_megatron.training.preflight import check_inputs
@@ -53,7 +54,6 @@ from hacpo_megatron.training.trainer import AgentTrainer, TrainHyperparams, time
 
 # (agent config, its parallel layout, its HF config, seed) -> this rank's AgentModel with initial weights
 ModelProvider = Callable[[Any, AgentParallel, Dict[str, Any], int], AgentModel]
-ENGINE_RETRIES = 3
 
 
 @dataclass
@@ -63,6 +63,7 @@ class RunOptions:
     ray_address: Optional[str] = None
     kill_engine_at_step: Optional[int] = None  # fault injection for tests: kill agent 0's engine once
     kill_reward_at_step: Optional[int] = None  # ... or the reward actor, once
+    kill_engine_in_sync_at_step: Optional[int] = None  # ... or agent 0's engine amid that step's weight push
     weight_check: bool = False  # verify engine weights after every sync
 
 
@@ -123,7 +124,7 @@ def run_hacpo(cfg: Config, options: RunOptions, model_provider: ModelProvider) -
     start_step = 0
     if options.resume:
         start_step = checkpointing.load_latest(options.output_dir, agents, tracker, sampler)
-    _push_all_weights(agents, options)
+    push_all_weights(agents, options.weight_check)
     time_gemm_peaks_in_turn(list(agents.trainers.values()))  # perf/mfu's denominator, engines loaded and idle
 
     reporter = _reporter(cfg, agents, options, start_step) if rank == 0 else None
@@ -184,12 +185,14 @@ def _hacpo_step(step, cfg, spec, agents: Agents, sampler, tracker, reward_actor,
         rollouts, failed = _generate_all(agents, prompt_ids, _sampling(cfg, G, step))
         times["time/rollout"] = time.perf_counter() - t
         payload = [(rollouts, failed)]
+        if options.kill_engine_in_sync_at_step == step:
+            ray.get(agents.engines[0].crash_in_next_bucket.remote())
     dist.broadcast_object_list(payload, src=0)
     rollouts, failed = payload[0]
     for attempt in range(ENGINE_RETRIES):
         if not failed:
             break  # an engine died: its restarted actor gets the weights again, then the rollout is redone
-        _push_all_weights(agents, options, only=failed)
+        push_all_weights(agents, options.weight_check, only=failed)
         payload = [None]
         if rank == 0:
             redo, failed = _generate_all(agents, prompt_ids, _sampling(cfg, G, step), only=failed)
@@ -243,9 +246,10 @@ def _hacpo_step(step, cfg, spec, agents: Agents, sampler, tracker, reward_actor,
         updates = trainer.train_step(mini_batches(rows, schedule))
         t_train = time.perf_counter() - t
         t = time.perf_counter()
-        sync = _push_weights(agents, k, options)
+        sync = push_weights(agents, k, options.weight_check)
         local[k] = {**_mean_over_updates(updates), **bridge_stats, **sync,
                     "time/bridge": t_bridge, "time/train": t_train, "time/weight_sync": time.perf_counter() - t}
+    resend_to_lost_engines(agents, options.weight_check, local)  # an engine that died amid its push: sent again
 
     # 8. metrics: each agent's output rank reports; rank 0 assembles one record per agent
     reported = [None] * dist.get_world_size()
@@ -371,27 +375,6 @@ def _agent_logprobs(trainer: AgentTrainer, model: Optional[AgentModel], sequence
     for r, share in enumerate(shares):
         out[r::parallel.dp_size] = share
     return out
-
-
-def _push_weights(agents: Agents, k: int, options: RunOptions) -> Dict[str, float]:
-    trainer = agents.trainers[k]
-    parallel = agents.parallel[k]
-    metrics = sync_weights(trainer.ddp_model.module, agents.hf_configs[k], parallel, agents.senders.get(k),
-                           check=options.weight_check)
-    if metrics.check is not None and not metrics.check.equal:
-        raise RuntimeError(f"agent {agents.names[k]}: engine weights differ after sync: {metrics.check.mismatched[:5]}")
-    return metrics.as_dict()
-
-
-def _push_all_weights(agents: Agents, options: RunOptions, only: Optional[Sequence[int]] = None) -> None:
-    """Every hosted agent's weights to its engine; `only`: engines that were just restarted."""
-    for k in agents.trainers:
-        if only is None or k in only:
-            if only is not None and k in agents.senders:  # this rank talks to k's engine, a new process
-                wait_until_alive(agents.engines[k])
-                agents.senders[k].reconnect()
-            _push_weights(agents, k, options)
-    dist.barrier()
 
 
 def _evaluate(cfg: Config, agents: Agents, eval_set, reward_actor) -> Dict[str, float]:

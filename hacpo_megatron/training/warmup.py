@@ -26,8 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import ctypes
-import ctypes.util
 import functools
 import hashlib
 import json
@@ -41,6 +39,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
+
+from hacpo_megatron.environment import glibc, return_freed_memory
 
 logger = logging.getLogger(__name__)
 
@@ -227,12 +227,8 @@ def _keep_freed_memory(threshold: int = 1 << 30):
     own dynamic maximum (32 MB mmap, 64 MB trim), close to what a long-running process ends up with anyway.
     No-op where glibc's mallopt is unavailable.
     """
-    mallopt = None
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = getattr(libc, "mallopt", None)
-    except OSError:
-        pass
+    libc = glibc()
+    mallopt = libc.mallopt if libc is not None else None
     M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
     if mallopt is not None:
         mallopt(M_MMAP_THRESHOLD, threshold)
@@ -243,9 +239,7 @@ def _keep_freed_memory(threshold: int = 1 << 30):
         if mallopt is not None:
             mallopt(M_MMAP_THRESHOLD, 32 << 20)
             mallopt(M_TRIM_THRESHOLD, 64 << 20)
-            malloc_trim = getattr(libc, "malloc_trim", None)
-            if malloc_trim is not None:
-                malloc_trim(0)
+        return_freed_memory()
 
 
 def supervised_warmup(hf_config: dict, tokenizer_name: str, task_spec: str, *, steps: int, batch_size: int,

@@ -78,6 +78,26 @@ def test_a_few_shot_answer_ends_at_its_line_break_for_a_chat_learner_and_what_fo
     assert not open_row.ended_with_eos and SMOL_CHAT.decode(open_row.response_ids) == answer
 
 
+def test_one_vocabulary_in_two_formats_keeps_the_sampled_ids_and_swaps_the_end_token():
+    """SmolLM2 asked in its chat template, a second SmolLM2 in few-shot lines: the ids need no retokenising,
+    but the learner must be taught its own end (a line break), never the source's <|im_end|>."""
+    answer_ids = SMOL_CHAT.encode("Ines has 5 + 8 = 13 pencils.", add_special_tokens=False)
+    rows = bridge_responses(SMOL_CHAT, SMOL_FEW, [answer_ids + [SMOL_CHAT.eos_token_id], answer_ids],
+                            prompts_messages=[user_prompt(QUESTION)] * 2, source_logprob_sums=[-3.0, -2.0],
+                            finish_reasons=["stop", "length"])
+    assert rows[0].response_ids == answer_ids + [answer_end_id(SMOL_FEW)] and rows[0].ended_with_eos
+    assert rows[1].response_ids == answer_ids and not rows[1].ended_with_eos  # cut short: stays open
+    assert rows[0].prompt_ids == render_prompt(SMOL_FEW, user_prompt(QUESTION))
+    # and back: a few-shot line's break becomes the chat learner's end token
+    (back,) = bridge_responses(SMOL_FEW, SMOL_CHAT, [rows[0].response_ids], prompts_messages=[user_prompt(QUESTION)],
+                               source_logprob_sums=[-3.0], finish_reasons=["stop"])
+    assert back.response_ids == answer_ids + [SMOL_CHAT.eos_token_id]
+    # one vocabulary and one format: untouched, whatever the ids
+    (same,) = bridge_responses(SMOL_CHAT, SMOL_CHAT, [answer_ids + [SMOL_CHAT.eos_token_id]],
+                               prompts_messages=[user_prompt(QUESTION)], source_logprob_sums=[-3.0], finish_reasons=["stop"])
+    assert same.response_ids == answer_ids + [SMOL_CHAT.eos_token_id]
+
+
 def test_the_warm_up_teaches_a_line_format_agent_to_end_with_a_line_break():
     record = PromptRecord("a", user_prompt(QUESTION), "13", "test")
     ((prompt, answer),) = build_examples(GEMMA_FEW, [record])

@@ -40,15 +40,25 @@ def test_sigterm_saves_the_finished_step_and_resume_gives_the_same_metrics(refer
     run(config, out, "--resume")
     assert comparable(metrics(out)) == comparable(metrics(reference_run))
 
-def test_a_dead_engine_and_a_dead_reward_actor_are_restarted_and_their_work_redone(reference_run, tmp_path, cache):
-    """Two faults in one run, a step apart (the flags count steps from 0): agent 0's engine is killed in the
-    second step (restarted, given the weights again, the step's rollout redone with the same seed) and the reward
-    actor dies inside its scoring call in the third (restarted, the same answers scored again)."""
+def test_dead_engines_and_a_dead_reward_actor_are_restarted_and_their_work_redone(reference_run, tmp_path, cache):
+    """Three faults in one run (the flags count steps from 0): agent 0's engine process ends in the middle of
+    the first step's weight push (restarted, the weights pushed again), it is killed again before the second
+    step's rollout (restarted, given the weights, the rollout redone with the same seed), and the reward actor
+    dies inside its scoring call in the third (restarted, the same answers scored again)."""
     out = tmp_path / "run"
     output = run(small_config(tmp_path, cache, checkpoint={"save_every": 1}), out,
-                 "--kill-engine-at-step", "1", "--kill-reward-at-step", "2")
+                 "--kill-engine-in-sync-at-step", "0", "--kill-engine-at-step", "1", "--kill-reward-at-step", "2")
+    assert "died during their weight push" in output and "finishing the weight stream without it" in output
     assert "score on" in output and "waiting for its restart" in output  # the reward actor's failure really happened
-    assert comparable(metrics(out)) == comparable(metrics(reference_run))  # nothing lost, nothing counted twice
+    records = metrics(out)
+    losses = {(r["step"], r["agent"]): r["weight_sync/engine_losses"] for r in records if r["kind"] == "train"}
+    assert losses == {(s, a): float(s == 1 and a == "qwen3-tiny") for s in (1, 2, 3) for a in ("qwen3-tiny", "llama-tiny")}
+    # nothing lost, nothing counted twice
+    assert without_losses(comparable(records)) == without_losses(comparable(metrics(reference_run)))
+
+
+def without_losses(records: list) -> list:
+    return [{k: v for k, v in r.items() if k != "weight_sync/engine_losses"} for r in records]
 
 
 def flip_bytes(path: Path, offset: int, count: int = 4096) -> None:

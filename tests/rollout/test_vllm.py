@@ -65,6 +65,16 @@ def test_vllm_weight_update_changes_generation_and_check_mode_confirms_it(facts)
 
 
 @pytest.mark.vllm
+def test_when_the_engine_core_process_dies_the_engine_says_its_process_is_lost(facts):
+    """What ended the first real pair run: the kernel killed vLLM's engine core for its memory, and every
+    later call raised EngineDeadError. The engine must call that a lost process (its actor then exits
+    and Ray restarts it), and no other error."""
+    loss = facts["engine_core_loss"]
+    assert loss["killed"] == 1
+    assert loss["error"] == "EngineDeadError" and loss["process_lost"] and not loss["other_error_is_a_loss"]
+
+
+@pytest.mark.vllm
 def test_vllm_cpu_worker_runs_the_threads_asked_for_on_the_first_cores(facts):
     # vLLM's default would give a 2-core machine's worker one thread (a core kept for its scheduler)
     (worker,) = facts["worker_threads"]

@@ -74,3 +74,16 @@ def test_engine_generates_exactly_like_transformers_with_the_exported_weights(re
 def test_other_ranks_take_part_but_talk_to_no_engine(results, layout):
     other = results[1 - results[0][layout]["engine_rank"]][layout]
     assert other["metrics"].bytes == 0 and other["metrics"].check is None and other["metrics"].seconds > 0
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_an_engine_lost_mid_sync_ends_the_sync_on_every_rank_and_the_next_sync_delivers_all(results, layout):
+    engine_side = on_engine_rank(results, layout)
+    lost = engine_side["metrics_engine_lost"]
+    assert lost.engine_lost and lost.check is None and lost.buckets == 3  # the third bucket found it dead
+    assert lost.as_dict()["weight_sync/engine_losses"] == 1.0
+    other = results[1 - results[0][layout]["engine_rank"]][layout]
+    assert not other["metrics_engine_lost"].engine_lost  # only the engine rank knows; the loop tells the rest
+    resent = engine_side["metrics_resent"]
+    assert not resent.engine_lost and resent.check.equal and resent.check.max_abs_diff == 0.0
+    assert resent.bytes == engine_side["model_bytes"]

@@ -35,6 +35,26 @@ def teacher_forced(model, prompt, tokens, temperature):
     return [logp[len(prompt) - 1 + t, tok].item() for t, tok in enumerate(tokens)]
 
 
+def lose_engine_core(engine, prompts):
+    """Kill vLLM's engine core process (as the kernel does when memory runs out), then generate: what
+    the error is, and whether the engine says its own process is gone (the engine actor's cue to exit)."""
+    import psutil
+
+    from hacpo_megatron.rollout.base import SamplingParams
+
+    children = psutil.Process().children(recursive=True)
+    cores = [p for p in children if "EngineCore" in p.name() or "EngineCore" in " ".join(p.cmdline())]
+    for process in cores:
+        process.kill()
+    psutil.wait_procs(cores, timeout=30)
+    try:
+        engine.generate(prompts[:1], SamplingParams(n=1, max_new_tokens=2, seed=0))
+    except Exception as error:  # noqa: BLE001 - what vLLM raises is the fact under test
+        return {"killed": len(cores), "error": type(error).__name__, "process_lost": engine.process_lost(error),
+                "other_error_is_a_loss": engine.process_lost(ValueError("a bad prompt"))}
+    return {"killed": len(cores), "error": None}
+
+
 def main(out_path, workdir):
     from hacpo_megatron.bridge.tokenizers import load_tokenizer
     from hacpo_megatron.rollout import make_engine
@@ -105,6 +125,7 @@ def main(out_path, workdir):
     engine.eos_token_ids = [truncated.token_ids[0]]
     stopped = engine.generate(prompts[:1], SamplingParams(n=1, max_new_tokens=2, seed=0))[0][0]
     facts["stop_cut"] = [stopped.token_ids, len(stopped.logprobs), stopped.finish_reason, truncated.token_ids[0]]
+    facts["engine_core_loss"] = lose_engine_core(engine, prompts)
     engine.shutdown()
     with open(out_path, "w") as f:
         json.dump(facts, f, indent=1)

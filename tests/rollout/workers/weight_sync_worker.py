@@ -22,7 +22,7 @@ from hacpo_megatron.config.schema import AgentConfig, ParallelConfig
 from hacpo_megatron.models.architectures import normalized_hf_config
 from hacpo_megatron.models.build import build_agent_model
 from hacpo_megatron.parallel.groups import create_agent_groups, init_distributed
-from hacpo_megatron.rollout.base import SamplingParams
+from hacpo_megatron.rollout.base import EngineLost, SamplingParams
 from hacpo_megatron.rollout.embedded import EmbeddedEngine
 from hacpo_megatron.rollout.weight_sync import check_engine_weights, engine_rank, sync_weights
 from tests.models.workers.reference import TEST_CONFIGS
@@ -90,7 +90,39 @@ def run_layout(parallel) -> dict:
     one_training_step(agent.model)
     facts["metrics_after_step"] = sync_weights(agent.model, HF_CONFIG, parallel, engine,
                                                bucket_bytes=BUCKET_BYTES, check=True)
+
+    # the engine's process dies at the third bucket: the sync must end on every rank, and the next one
+    # (to the engine "restarted") must deliver everything, the gathers and sends still in step
+    one_training_step(agent.model)
+    dying = DiesAtBucket(engine, 3) if mine else None
+    facts["metrics_engine_lost"] = sync_weights(agent.model, HF_CONFIG, parallel, dying, bucket_bytes=BUCKET_BYTES,
+                                                check=True)
+    facts["metrics_resent"] = sync_weights(agent.model, HF_CONFIG, parallel, engine, bucket_bytes=BUCKET_BYTES,
+                                           check=True)
     return facts
+
+
+class DiesAtBucket:
+    """An engine proxy whose engine process dies at bucket `n` (1-based): the proxy raises EngineLost
+    from then on, as orchestrator/actors.py's does for a dead actor."""
+
+    def __init__(self, engine, n: int):
+        self.engine, self.n, self.seen = engine, n, 0
+
+    def begin_weight_update(self):
+        self.engine.begin_weight_update()
+
+    def update_weights(self, bucket):
+        self.seen += 1
+        if self.seen >= self.n:
+            raise EngineLost("the engine died (test)")
+        self.engine.update_weights(bucket)
+
+    def finish_weight_update(self):
+        raise AssertionError("finish_weight_update called after the engine was lost")
+
+    def check_weights(self, named_tensors, atol=0.0):
+        raise AssertionError("check_weights called after the engine was lost")
 
 
 def main(out: Path) -> None:
