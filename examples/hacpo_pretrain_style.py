@@ -86,7 +86,8 @@ def main(argv=None) -> int:
         options = RunOptions(output_dir=output_dir_of(args, cfg), resume=args.resume, ray_address=args.ray_address,
                              kill_engine_at_step=args.kill_engine_at_step,
                              kill_reward_at_step=args.kill_reward_at_step,
-                             kill_engine_in_sync_at_step=args.kill_engine_in_sync_at_step, weight_check=args.check_weights)
+                             kill_engine_in_sync_at_step=args.kill_engine_in_sync_at_step,
+                             kill_engine_before_step=args.kill_engine_before_step, weight_check=args.check_weights)
         run_hacpo(cfg, options, model_provider(cfg))
     except (ConfigError, InputError) as exc:  # the user's input: said once, without a traceback
         if says:

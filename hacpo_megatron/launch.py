@@ -34,6 +34,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser.add_argument("--kill-engine-at-step", type=int, default=None, help=argparse.SUPPRESS)  # tests
     parser.add_argument("--kill-reward-at-step", type=int, default=None, help=argparse.SUPPRESS)  # tests
     parser.add_argument("--kill-engine-in-sync-at-step", type=int, default=None, help=argparse.SUPPRESS)  # tests
+    parser.add_argument("--kill-engine-before-step", type=int, default=None, help=argparse.SUPPRESS)  # tests
     return parser.parse_args(argv)
 
 

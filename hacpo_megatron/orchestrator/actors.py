@@ -9,6 +9,11 @@ so the training loop pushes them again before it retries the step (see training/
 that runs a process of its own (vLLM's engine core) can lose it while the actor lives on: the actor
 then ends its own process, so that Ray restarts it and callers see one kind of failure, a dead actor.
 A weight call to a dead actor raises `EngineLost` (rollout/base.py), which the weight sync reports.
+Ray restarts an actor on its own, so a call made after a death that went unseen (Ray's memory
+monitor ends engines between calls) reaches a new engine without the trainer's weights: an engine
+actor refuses to generate until a whole weight update has arrived (`EngineWithoutWeights`), and the
+loop asks `holds_weights` before every step and pushes to any engine that says no
+(orchestrator/weight_delivery.py).
 """
 from __future__ import annotations
 
@@ -23,12 +28,16 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 import ray
 import torch
 
-from hacpo_megatron.rollout.base import Completion, EngineLost, RolloutEngine, SamplingParams, WeightCheck
+from hacpo_megatron.rollout.base import (
+    Completion, EngineLost, EngineWithoutWeights, RolloutEngine, SamplingParams, WeightCheck,
+)
 
-ACTOR_RESTARTS = 3
+ACTOR_RESTARTS = 3  # calls made again after an actor's death, at most, one failure at a time
 # Engines and reward workers are scheduled without reserving Ray CPUs: the trainers (torchrun
-# processes Ray does not see) use the same cores, and phases alternate rather than overlap.
-ACTOR_OPTIONS = dict(num_cpus=0, max_restarts=ACTOR_RESTARTS, max_task_retries=0)
+# processes Ray does not see) use the same cores, and phases alternate rather than overlap. Ray may
+# restart them any number of times over a run (its memory monitor ends them when the node runs
+# short); what bounds the retries is each call's and each step's own limit.
+ACTOR_OPTIONS = dict(num_cpus=0, max_restarts=-1, max_task_retries=0)
 ACTOR_DEATHS = (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError)
 
 
@@ -55,6 +64,7 @@ class EngineActor:
     def __init__(self, kind: str, hf_config: Dict[str, Any], tokenizer_name: str, seed: int,
                  engine_kwargs: Optional[Dict[str, Any]] = None, threads: int = 1, prompt_format: str = "chat"):
         torch.set_num_threads(threads)
+        self._weights_complete = False  # no whole weight update has arrived in this process yet
         from hacpo_megatron.bridge.tokenizers import eos_token_ids, load_tokenizer, pad_token_id
 
         tokenizer = load_tokenizer(tokenizer_name, prompt_format)  # the format's end tokens stop generation
@@ -95,12 +105,20 @@ class EngineActor:
         if getattr(self, "_crash_in_next_bucket", False):
             os._exit(1)
 
+    def holds_weights(self) -> bool:
+        """Has a whole weight update arrived in this process (False in an actor Ray just restarted)?"""
+        return self._weights_complete
+
     @restarts_when_engine_lost
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> List[List[Completion]]:
+        if not self._weights_complete:
+            raise EngineWithoutWeights(f"engine actor {os.getpid()} has no complete set of the trainer's weights "
+                                       "(restarted, or in the middle of an update)")
         return self.engine.generate(prompts, params)
 
     @restarts_when_engine_lost
     def begin_weight_update(self) -> None:
+        self._weights_complete = False
         self.engine.begin_weight_update()
 
     @restarts_when_engine_lost
@@ -114,6 +132,7 @@ class EngineActor:
         if buckets_sent is not None:
             self.engine.end_bucket_stream(buckets_sent)
         self.engine.finish_weight_update()
+        self._weights_complete = True
 
     # weights over a group of their own or CUDA IPC (rollout/transport.py, orchestrator/weight_senders.py)
     @restarts_when_engine_lost

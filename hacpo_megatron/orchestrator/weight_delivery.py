@@ -3,6 +3,8 @@
     push_weights(agents, k, check)        one agent's push (its ranks together); its figures
     push_all_weights(agents, check)       every hosted agent's, at start-up or after engines restarted
     resend_to_lost_engines(agents, ...)   after a step's pushes: push again where an engine was lost
+    restore_restarted_engines(agents, check)   before a step or an evaluation: push again to engines
+                                          Ray restarted unseen, between calls (they hold no weights)
 
 An engine's process can die in the middle of a push (vLLM's engine core killed for its memory, a
 node lost). Only the agent's engine rank sees it (`rollout/weight_sync.py` finishes the stream and
@@ -16,7 +18,7 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence
 
 import torch.distributed as dist
 
-from hacpo_megatron.orchestrator.actors import wait_until_alive
+from hacpo_megatron.orchestrator.actors import call_with_restarts, wait_until_alive
 from hacpo_megatron.rollout.weight_sync import sync_weights
 
 ENGINE_RETRIES = 3  # a step's rollout or push is redone at most this often before the run gives up
@@ -67,6 +69,21 @@ def resend_to_lost_engines(agents: Any, check: bool, pushed: Dict[int, Dict[str,
                     lost_here.add(k)
                 pushed[k][LOSSES] += losses
     raise RuntimeError(f"the engines of {[agents.names[k] for k in lost]} died during {ENGINE_RETRIES + 1} weight pushes")
+
+
+def restore_restarted_engines(agents: Any, check: bool) -> None:
+    """Push again to every engine that holds no weights: Ray restarted it after its last push (its
+    memory monitor ends engines when the node runs short), and its calls now reach a new process.
+    Collective: rank 0 asks every engine actor, then the agents' ranks push together."""
+    missing = [None]
+    if dist.get_rank() == 0:
+        missing = [[k for k in range(len(agents.configs)) if not call_with_restarts(agents.engines[k], "holds_weights")]]
+        if missing[0]:
+            print(f"the engines of {[agents.names[k] for k in missing[0]]} were restarted since their last weight "
+                  "push: pushing their weights again", flush=True)
+    dist.broadcast_object_list(missing, src=0)
+    if missing[0]:
+        push_all_weights(agents, check, only=missing[0])
 
 
 def _union_over_ranks(mine: Iterable[int]) -> List[int]:

@@ -24,8 +24,8 @@ from hacpo_megatron.rollout.transport import TRANSPORTS, broadcast, join_group, 
 class ProcessGroupSender(RemoteEngine):
     """`process_group`: one broadcast per bucket in a group of this rank and the engine's receivers.
 
-    The group is made on the first update and again after `reconnect` (a restarted engine process
-    has left it). Each bucket: its header goes to the actor (non-blocking), then the bytes are
+    The group is made on the first update, and again whenever the actor's process is not the one
+    that joined it (Ray restarted it) or after `reconnect`. Each bucket: its header goes to the actor (non-blocking), then the bytes are
     broadcast, then the actor's answer is awaited — the receivers check order and completeness,
     and `finish_weight_update` tells them how many buckets were sent.
     """
@@ -35,6 +35,7 @@ class ProcessGroupSender(RemoteEngine):
     def __init__(self, handle: Any):
         super().__init__(handle)
         self.group = None
+        self.group_pid = None  # the engine actor's process that joined the group
         self.sent = 0
         if torch.cuda.is_available():
             self.backend = "nccl"
@@ -43,6 +44,7 @@ class ProcessGroupSender(RemoteEngine):
         self.group = None
 
     def _connect(self) -> None:
+        self.group_pid = ray.get(self.handle.pid.remote())
         receivers = ray.get(self.handle.weight_receivers.remote())
         # this process's address as its Ray node advertises it: where the engine's node reaches it
         address, store = open_group(1 + receivers, self.backend, ray.util.get_node_ip_address())
@@ -52,7 +54,8 @@ class ProcessGroupSender(RemoteEngine):
 
     def begin_weight_update(self) -> None:
         with engine_lost_if_actor_dies(self.handle):
-            if self.group is None:
+            # a new actor process (Ray restarted it, perhaps unseen) has not joined the group
+            if self.group is None or ray.get(self.handle.pid.remote()) != self.group_pid:
                 self._connect()
             ray.get(self.handle.begin_weight_update.remote())
         self.sent = 0
@@ -82,6 +85,7 @@ class CudaIpcSender(ProcessGroupSender):
     def _connect(self) -> None:
         if not torch.cuda.is_available():
             raise RuntimeError("rollout.weight_transport=cuda_ipc needs the trainer and its engine on one GPU")
+        self.group_pid = ray.get(self.handle.pid.remote())
         self.group = "cuda_ipc"  # no group: the handle travels in the bucket's call
 
     def update_weights(self, bucket) -> None:

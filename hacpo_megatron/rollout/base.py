@@ -43,6 +43,11 @@ class EngineLost(RuntimeError):
     """The engine's process died during a call: it has lost its weights (it is restarted elsewhere)."""
 
 
+class EngineWithoutWeights(RuntimeError):
+    """Asked to generate before a whole set of weights arrived: a restarted engine (its process died
+    between calls) holds its initial weights, not the trainer's, and must not serve."""
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     n: int = 1  # samples per prompt (G)

@@ -279,9 +279,8 @@ class WeightSyncExtension:
         staged.clear()
         del weights
         # A reload frees a whole model's worth of tensors (the staged copy and the old repacked
-        # kernels) in pieces glibc keeps for reuse; the next update's pieces do not fit them, and the
-        # worker grew by about a model every few updates (Gemma 3 270M: 4.8 to 6.8 GB in 12 steps,
-        # then killed for its memory). Give them back now.
+        # kernels), which glibc would keep for reuse: give them back (Gemma 3 270M's worker after 10
+        # reloads: 4.67 GB instead of 5.16; benchmarks/bench_engine_memory.py, docs/rollout.md).
         return_freed_memory()
 
     def hacpo_check_staged(self, atol: float):

@@ -38,10 +38,12 @@ from hacpo_megatron.orchestrator.actors import call_with_restarts
 from hacpo_megatron.orchestrator.preemption import Preempted, PreemptionGuard
 from hacpo_megatron.orchestrator.ray_runtime import RayRuntime
 from hacpo_megatron.orchestrator.startup import start_actors
-from hacpo_megatron.orchestrator.weight_delivery import ENGINE_RETRIES, push_all_weights, push_weights, resend_to_lost_engines
+from hacpo_megatron.orchestrator.weight_delivery import (
+    ENGINE_RETRIES, push_all_weights, push_weights, resend_to_lost_engines, restore_restarted_engines,
+)
 from hacpo_megatron.parallel.groups import AgentParallel, create_agent_groups, init_distributed
 from hacpo_megatron.parallel.layout import required_world_size
-from hacpo_megatron.rollout.base import SamplingParams
+from hacpo_megatron.rollout.base import EngineWithoutWeights, SamplingParams
 from hacpo_megatron.rollout.weight_sync import engine_rank
 from hacpo_megatron.training import checkpointing
 from hacpo_megatron.training.batch import UpdateSchedule, mini_batches
@@ -64,6 +66,7 @@ class RunOptions:
     kill_engine_at_step: Optional[int] = None  # fault injection for tests: kill agent 0's engine once
     kill_reward_at_step: Optional[int] = None  # ... or the reward actor, once
     kill_engine_in_sync_at_step: Optional[int] = None  # ... or agent 0's engine amid that step's weight push
+    kill_engine_before_step: Optional[int] = None  # ... or before the step begins, unseen (as Ray's memory monitor)
     weight_check: bool = False  # verify engine weights after every sync
 
 
@@ -138,9 +141,10 @@ def run_hacpo(cfg: Config, options: RunOptions, model_provider: ModelProvider) -
             if rank == 0:
                 reporter.log_step(step + 1, records)
             done = step + 1
-            if rank == 0 and cfg.data.eval_every and eval_set and (done % cfg.data.eval_every == 0 or
-                                                                      done == cfg.run.total_steps):
-                reporter.log_eval(done, _evaluate(cfg, agents, eval_set, reward_actor))
+            if cfg.data.eval_every and eval_set and (done % cfg.data.eval_every == 0 or done == cfg.run.total_steps):
+                restore_restarted_engines(agents, options.weight_check)  # collective
+                if rank == 0:
+                    reporter.log_eval(done, _evaluate(cfg, agents, eval_set, reward_actor))
             stop = preemption.stop_requested()  # collective: a signal to any rank ends the run here
             if stop or _checkpoint_due(cfg, done):
                 checkpointing.save(options.output_dir, done, agents, tracker, sampler, keep_last=cfg.checkpoint.keep_last)
@@ -175,6 +179,9 @@ def _hacpo_step(step, cfg, spec, agents: Agents, sampler, tracker, reward_actor,
     prompts = sampler.next_batch()
     prompt_ids = [render_prompts(tok, prompts) for tok in agents.tokenizers]
     B = len(prompts)
+    if rank == 0 and options.kill_engine_before_step == step:
+        _kill_actor(agents.engines[0])
+    restore_restarted_engines(agents, options.weight_check)  # an engine Ray restarted since its last push
 
     # 2-3. rollouts and rewards, driven by rank 0, then broadcast
     payload = [None]
@@ -192,6 +199,9 @@ def _hacpo_step(step, cfg, spec, agents: Agents, sampler, tracker, reward_actor,
     for attempt in range(ENGINE_RETRIES):
         if not failed:
             break  # an engine died: its restarted actor gets the weights again, then the rollout is redone
+        if rank == 0:
+            print(f"step {step + 1}: the engines of {[agents.names[k] for k in failed]} died while generating: "
+                  "pushing their weights to the restarted engines, then generating again", flush=True)
         push_all_weights(agents, options.weight_check, only=failed)
         payload = [None]
         if rank == 0:
@@ -312,8 +322,8 @@ def _generate_all(agents: Agents, prompt_ids, params_for, only: Optional[Sequenc
     for k, future in futures.items():
         try:
             results[k] = ray.get(future)
-        except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError):
-            failed.append(k)
+        except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError, EngineWithoutWeights):
+            failed.append(k)  # died while generating, or restarted just before
     if only is not None:
         return results, failed
     return [results.get(k) for k in range(len(agents.configs))], failed

@@ -8,7 +8,7 @@ one differs), and the engine/trainer log-prob gap of every sampled token is logg
 import pytest
 import yaml
 
-from tests.e2e.test_hacpo_run import REPO, comparable, metrics, run, small_config
+from tests.e2e.test_hacpo_run import REPO, metrics, run, small_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed, pytest.mark.vllm]
 
@@ -25,25 +25,29 @@ def vllm_config(tmp, cache):
 
 
 @pytest.fixture(scope="module")
-def vllm_reference(tmp_path_factory, cache):
-    out = tmp_path_factory.mktemp("vllm-reference") / "run"
-    run(vllm_config(out.parent, cache), out, "--check-weights", timeout=900)
-    return out
+def vllm_run(tmp_path_factory, cache):
+    """Two steps, every sync checked, and the TP = 2 agent's engine killed before the second step begins, between
+    calls, as Ray's memory monitor ends engines (Ray restarts it unseen; the loop must notice it holds no weights)."""
+    out = tmp_path_factory.mktemp("vllm") / "run"
+    output = run(vllm_config(out.parent, cache), out, "--check-weights", "--kill-engine-before-step", "1", timeout=900)
+    return out, output
 
 
-def test_vllm_engines_serve_exactly_the_trainers_weights(vllm_reference):
-    train = [r for r in metrics(vllm_reference) if r["kind"] == "train"]
+def test_vllm_engines_serve_exactly_the_trainers_weights_a_restarted_one_too(vllm_run):
+    """The check mode compares every engine weight with the trainer's after every sync, the first push into the
+    restarted engine (a new vLLM, new group members) included: a mismatch stops the run. The log-prob gap of every
+    sampled token then shows the engines sample with those weights, the restarted one in the redone step too.
+    (That the redone step gives the uninterrupted run's metrics, engine-agnostic loop logic, is checked with the
+    embedded engine in tests/e2e/test_reliability.py.)"""
+    out, output = vllm_run
+    # the kill really happened, and the restarted engine was found without weights before it generated
+    assert "the engines of ['qwen3-tiny'] were restarted since their last weight push" in output
+    train = [r for r in metrics(out) if r["kind"] == "train"]
     assert len(train) == 4 and {r["agent"] for r in train} == {"qwen3-tiny", "gemma3-tiny"}
     assert all(r["weight_sync/check_equal"] == 1.0 for r in train)
     # the sampled tokens' log-probs as vLLM reported them vs the trainer's: fp32 on both sides
     assert all(r["rollout/logprob_diff_max"] < 1e-3 for r in train)
     assert all(0 <= r["rollout/logprob_diff_mean"] <= r["rollout/logprob_diff_max"] for r in train)
     assert all(r["weight_sync/buckets"] >= 1 and r["weight_sync/bytes"] > 0 for r in train)
-    evals = [r for r in metrics(vllm_reference) if r["kind"] == "eval"]
+    evals = [r for r in metrics(out) if r["kind"] == "eval"]
     assert {r["step"] for r in evals} == {0, 2}
-
-
-def test_a_killed_vllm_engine_is_restarted_given_the_weights_again_and_the_step_redone(vllm_reference, tmp_path, cache):
-    out = tmp_path / "run"
-    run(vllm_config(tmp_path, cache), out, "--check-weights", "--kill-engine-at-step", "1", timeout=900)
-    assert comparable(metrics(out)) == comparable(metrics(vllm_reference))  # nothing lost, nothing counted twice
