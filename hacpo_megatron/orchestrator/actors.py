@@ -172,9 +172,6 @@ class RemoteEngine(RolloutEngine):
     def __init__(self, handle: Any):
         self.handle = handle
 
-    def reconnect(self) -> None:
-        """After Ray restarted the actor's process: nothing to remake, every call finds the new one."""
-
     def generate(self, prompts, params):
         return ray.get(self.handle.generate.remote(prompts, params))
 

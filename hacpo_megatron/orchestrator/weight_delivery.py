@@ -94,7 +94,7 @@ def _union_over_ranks(mine: Iterable[int]) -> List[int]:
 
 
 def _reconnect(agents: Any, k: int) -> None:
-    """On k's engine rank: wait for k's restarted engine actor, then make the weight transport anew."""
+    """On k's engine rank: wait for k's restarted engine actor (its sender then sees the new process
+    and makes its weight group anew)."""
     if k in agents.senders:
         wait_until_alive(agents.engines[k])
-        agents.senders[k].reconnect()

@@ -5,9 +5,8 @@ Every sender is a `RemoteEngine` over the agent's EngineActor handle whose three
 its own way; generation and the check mode go through Ray as for any remote engine. `object_store`
 is `RemoteEngine` itself (safetensors bytes in one actor call per bucket).
 
-    sender = make_sender("process_group", handle)   # once per engine process
+    sender = make_sender("process_group", handle)   # once per agent, on its engine rank
     sync_weights(model, hf_config, parallel, sender)
-    sender.reconnect()                               # after Ray restarted the engine's process
 """
 from __future__ import annotations
 
@@ -25,8 +24,8 @@ class ProcessGroupSender(RemoteEngine):
     """`process_group`: one broadcast per bucket in a group of this rank and the engine's receivers.
 
     The group is made on the first update, and again whenever the actor's process is not the one
-    that joined it (Ray restarted it) or after `reconnect`. Each bucket: its header goes to the actor (non-blocking), then the bytes are
-    broadcast, then the actor's answer is awaited — the receivers check order and completeness,
+    that joined it (Ray restarted it, seen or not). Each bucket: its header goes to the actor
+    (non-blocking), then the bytes are broadcast, then the actor's answer is awaited — the receivers check order and completeness,
     and `finish_weight_update` tells them how many buckets were sent.
     """
 
@@ -39,9 +38,6 @@ class ProcessGroupSender(RemoteEngine):
         self.sent = 0
         if torch.cuda.is_available():
             self.backend = "nccl"
-
-    def reconnect(self) -> None:
-        self.group = None
 
     def _connect(self) -> None:
         self.group_pid = ray.get(self.handle.pid.remote())
