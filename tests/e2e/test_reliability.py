@@ -1,5 +1,6 @@
 """A run survives what clusters do to it, end to end: preemption by SIGTERM, a reward actor that dies,
 a damaged checkpoint (user mistakes before the run: tests/test_launch.py)."""
+import json
 import shutil
 import signal
 import time
@@ -11,34 +12,56 @@ from tests.e2e.test_hacpo_run import comparable, kill_tree, launch, metrics, run
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
-def wait_for(predicate, proc, what, timeout=600):
+def wait_for(predicate, proc, what, timeout=600, poll=0.2):
     deadline = time.time() + timeout
     while not predicate():
         assert proc.poll() is None, f"the run ended before {what}"
         assert time.time() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.2)
+        time.sleep(poll)
 
 
-def test_sigterm_saves_the_finished_step_and_resume_gives_the_same_metrics(reference_run, tmp_path, cache):
+def test_sigterm_then_a_kill_then_resume_give_the_same_metrics(reference_run, tmp_path, cache):
+    """One run stopped twice, as a preempted job on a flaky cluster is: SIGTERM during step 2 (the step is
+    finished and saved), `--resume`, then every process SIGKILLed after step 3 was logged but before its
+    checkpoint (a crash: the log holds a step that no checkpoint has), `--resume` again: the metrics of the
+    uninterrupted reference run, every step logged once."""
     out = tmp_path / "run"
     # A checkpoint after every step: the one the signal asks for is not the first, so megatron's checkpoint
     # writer already has its helper process, which the signal reaches too (it used to kill it).
     config = small_config(tmp_path, cache, checkpoint={"save_every": 1})
+    latest = out / "checkpoints" / "latest"
     proc = launch(config, out)
     try:
-        wait_for(lambda: (out / "checkpoints" / "latest").exists(), proc, "step 1's checkpoint")
+        wait_for(latest.exists, proc, "step 1's checkpoint")
         proc.send_signal(signal.SIGTERM)  # to torchrun, which forwards it to every rank
         output, _ = proc.communicate(timeout=120)
     finally:
         kill_tree(proc.pid)
     assert proc.returncode != 0, output[-3000:]
     assert "SIGTERM received: finishing the current step" in output
-    latest = (out / "checkpoints" / "latest").read_text().strip()
-    stopped_after = int(latest.split("_")[1])
+    stopped_after = int(latest.read_text().strip().split("_")[1])
     assert stopped_after == 2 and f"stopped by SIGTERM after step {stopped_after}" in output, output[-3000:]
-    assert f"checkpoint {out / 'checkpoints' / latest} is complete" in output
+    assert f"checkpoint {out / 'checkpoints' / 'step_00000002'} is complete" in output
+
+    def step_3_logged():  # read while the run writes: a line may be half-written
+        for line in (out / "metrics.jsonl").read_text().splitlines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if record["kind"] == "train" and record["step"] == 3:
+                return True
+        return False
+
+    proc = launch(config, out, "--resume")
+    try:  # step 3's checkpoint is the resumed process's first save: seconds after its metrics, not 0.05
+        wait_for(step_3_logged, proc, "step 3's metrics", poll=0.05)
+    finally:
+        kill_tree(proc.pid)  # the whole job, Ray included, as a crash would
+    assert latest.read_text().strip() == "step_00000002", "killed too late: step 3 was already saved"
     run(config, out, "--resume")
     assert comparable(metrics(out)) == comparable(metrics(reference_run))
+
 
 def test_dead_engines_and_a_dead_reward_actor_are_restarted_and_their_work_redone(reference_run, tmp_path, cache):
     """Three faults in one run (the flags count steps from 0): agent 0's engine process ends in the middle of
