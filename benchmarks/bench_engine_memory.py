@@ -5,7 +5,7 @@ engine core, and the worker that holds the model) after each of --reloads weight
                                                        [--prompt-format plain] [--json OUT]
 
 The engine is built as a run's engine actor builds it (rollout/vllm_engine.py): config.json only,
-"dummy" weights, the agent's tokenizer, fp32, `VLLM_CPU_KVCACHE_SPACE=1` GiB; in this process, or with
+"dummy" weights, the agent's tokenizer, fp32, a 1 GiB KV cache (`--kv-cache-gib`); in this process, or with
 --via-actor as a run has it (an EngineActor in a private local Ray, weights over the process group).
 Then, --reloads times: push the model's weights (its converted HF folder in .cache/models; the tied head
 not sent, as a trainer sends it) with `push_weights` in 256 MiB buckets, each push a little different (as
@@ -30,7 +30,6 @@ from typing import Dict
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)  # run from a checkout
-os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 GB = 1e9
@@ -50,10 +49,37 @@ def vllm_rss(parent) -> Dict[str, int]:
     return found
 
 
+class PeakRSS:
+    """The highest summed RSS of vLLM's processes while the `with` block runs, sampled every 20 ms in a
+    thread: the reload's peak, which the readings after each reload miss (the run's memory monitor does not)."""
+
+    def __init__(self, parent):
+        self.parent, self.peak = parent, 0
+
+    def __enter__(self):
+        import threading
+
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._sample, daemon=True)
+        self.thread.start()
+        return self
+
+    def _sample(self):
+        while not self.done.wait(0.02):
+            try:
+                self.peak = max(self.peak, sum(vllm_rss(self.parent).values()))
+            except Exception:  # a process that ends while it is read
+                pass
+
+    def __exit__(self, *exc):
+        self.done.set()
+        self.thread.join()
+
+
 class InProcess:
     """The engine in this process; weights through `push_weights` (the object-store path's staging)."""
 
-    def __init__(self, config_only: str, tokenizer, threads: int):
+    def __init__(self, config_only: str, tokenizer, threads: int, kv_cache_gib: float):
         import psutil
 
         from hacpo_megatron.bridge.tokenizers import eos_token_ids
@@ -61,7 +87,7 @@ class InProcess:
 
         self.engine = make_engine("vllm", model_path=config_only, eos_token_ids=sorted(eos_token_ids(tokenizer)),
                                   tokenizer=tokenizer, seed=0, load_format="dummy", cpu_threads=threads,
-                                  max_model_len=512)
+                                  max_model_len=512, cpu_kv_cache_gib=kv_cache_gib)
         self.parent = psutil.Process()
 
     def push(self, named, bucket_bytes):
@@ -79,7 +105,7 @@ class InProcess:
 class ThroughActor:
     """As a run does it: a private local Ray, the agent's EngineActor, weights over the process group."""
 
-    def __init__(self, config: dict, tokenizer_name: str, prompt_format: str, threads: int):
+    def __init__(self, config: dict, tokenizer_name: str, prompt_format: str, threads: int, kv_cache_gib: float):
         import psutil
         import ray
 
@@ -89,7 +115,7 @@ class ThroughActor:
 
         self.ray, self.runtime = ray, RayRuntime.connect(None)
         self.handle = EngineActor.options(**dict(ACTOR_OPTIONS, max_restarts=0)).remote(
-            "vllm", config, tokenizer_name, 0, dict(max_model_len=512), threads, prompt_format)
+            "vllm", config, tokenizer_name, 0, dict(max_model_len=512, cpu_kv_cache_gib=kv_cache_gib), threads, prompt_format)
         self.parent = psutil.Process(wait_until_alive(self.handle, timeout_s=600))
         self.sender, self.remote = make_sender("process_group", self.handle), RemoteEngine(self.handle)
 
@@ -125,6 +151,7 @@ def main() -> None:
     parser.add_argument("--reloads", type=int, default=12)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--bucket-mib", type=int, default=256)
+    parser.add_argument("--kv-cache-gib", type=float, default=1.0, help="each engine's KV cache (rollout.cpu_kv_cache_gib)")
     parser.add_argument("--prompt-format", default="plain", help="the agent's prompt format (its end tokens)")
     parser.add_argument("--via-actor", action="store_true",
                         help="as a run: the engine in an EngineActor of a private Ray, weights over the process group")
@@ -152,41 +179,47 @@ def main() -> None:
         config = json.load(f)
     started = time.perf_counter()
     if args.via_actor:
-        engine = ThroughActor(config, tokenizer_name, args.prompt_format, args.threads)
+        engine = ThroughActor(config, tokenizer_name, args.prompt_format, args.threads, args.kv_cache_gib)
     else:
         with tempfile.TemporaryDirectory(prefix="bench-engine-memory-") as config_only:
             with open(os.path.join(config_only, "config.json"), "w") as f:
                 json.dump(config, f)
-            engine = InProcess(config_only, tokenizer, args.threads)
+            engine = InProcess(config_only, tokenizer, args.threads, args.kv_cache_gib)
     start_s = time.perf_counter() - started
     prompt = render_prompt(tokenizer, user_prompt(QUESTION))
     params = SamplingParams(n=8, temperature=0.7, max_new_tokens=48, seed=0)
     processes = [vllm_rss(engine.parent)]
     print(f"vLLM after start ({start_s:.0f} s): {fmt(processes[0])}", flush=True)
-    seconds = []
+    seconds, peaks = [], []
     try:
         for reload in range(1, args.reloads + 1):
             t = time.perf_counter()
-            engine.push([(name, tensor.float() * (1 + 1e-3 * reload)) for name, tensor in weights.items()],
-                        args.bucket_mib * 2**20)
+            update = [(name, tensor.float() * (1 + 1e-3 * reload)) for name, tensor in weights.items()]
+            with PeakRSS(engine.parent) as during:
+                engine.push(update, args.bucket_mib * 2**20)
+            del update
+            peaks.append(during.peak)
             engine.generate([prompt] * 8, params)
             seconds.append(time.perf_counter() - t)
             processes.append(vllm_rss(engine.parent))
-            print(f"reload {reload}: {fmt(processes[-1])} ({seconds[-1]:.1f} s)", flush=True)
+            print(f"reload {reload}: {fmt(processes[-1])}, peak during the push {peaks[-1] / GB:.2f} GB "
+                  f"({seconds[-1]:.1f} s)", flush=True)
     finally:
         engine.close()
     rss = [sum(p.values()) for p in processes]
     growth = slope(rss[3:]) if len(rss) > 4 else float("nan")
     result = {
-        "model": str(args.model), "via_actor": args.via_actor, "model_fp32_bytes": model_bytes, "reloads": args.reloads,
+        "model": str(args.model), "via_actor": args.via_actor, "kv_cache_gib": args.kv_cache_gib, "model_fp32_bytes": model_bytes, "reloads": args.reloads,
         "rss_bytes": rss, "rss_bytes_by_process": processes, "growth_per_reload_bytes": growth, "growth_per_reload_over_model": growth / model_bytes,
         "rss_last_over_first_reload": rss[-1] / rss[1], "seconds_per_reload": seconds,
+        "peak_rss_bytes_during_push": peaks, "peak_over_resting_bytes": [p - r for p, r in zip(peaks, rss)],
         "torch": torch.__version__, "cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
         "load_average": os.getloadavg(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
     }
     print(f"model {model_bytes / GB:.2f} GB fp32; vLLM's processes {rss[1] / GB:.2f} GB after reload 1, "
           f"{rss[-1] / GB:.2f} GB after reload {args.reloads}; growth {growth / GB:.3f} GB per reload "
-          f"({growth / model_bytes:.2f} x the model)", flush=True)
+          f"({growth / model_bytes:.2f} x the model); a push's peak over the memory before it: median "
+          f"{sorted(p - r for p, r in zip(peaks, rss))[len(peaks) // 2] / GB:.2f} GB", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)

@@ -281,6 +281,7 @@ def _validate(cfg: Config, where: _Where, errors: List[str]) -> None:
     for key in ("max_prompt_length", "max_response_length", "cpu_threads"):
         _check(getattr(r, key) >= 1, errors, where, ("rollout", key), "must be >= 1")
     _check(0 < r.gpu_memory_utilization <= 1, errors, where, ("rollout", "gpu_memory_utilization"), "must be in (0, 1]")
+    _check(r.cpu_kv_cache_gib > 0, errors, where, ("rollout", "cpu_kv_cache_gib"), "must be > 0")
 
     _check(d.prompt_batch_size >= 1, errors, where, ("data", "prompt_batch_size"), "must be >= 1")
     _check(d.eval_every >= 0, errors, where, ("data", "eval_every"), "must be >= 0 (0 disables)")

@@ -84,6 +84,10 @@ class RolloutConfig:
     max_prompt_length: int = 1024  # tokens (chat-rendered, every agent's tokenizer); longer prompts are skipped
     max_response_length: int = 4096  # new tokens; vLLM/SGLang context = max_prompt_length + max_response_length
     gpu_memory_utilization: float = 0.5  # vLLM's gpu_memory_utilization / SGLang's mem_fraction_static
+    # vLLM on CPU: each engine's KV cache, allocated whole at start-up (vLLM's kv_cache_memory_bytes; the
+    # environment's VLLM_CPU_KVCACHE_SPACE, whole GiB, wins if set). A real pair's two engines and two
+    # trainers share one machine's memory: size it to what a step's answers need (docs/rollout.md)
+    cpu_kv_cache_gib: float = 1.0
     # how weights reach the engines after each update (rollout/transport.py): a torch.distributed group of
     # the engine rank and the engine's processes (gloo on CPU, NCCL on GPU); object_store: bytes through Ray
     # (the fallback); cuda_ipc: engine on the trainer's GPU (untested: no GPU here)

@@ -79,7 +79,10 @@ def engine_options(kind: str, *, model_path: Optional[str], rollout: Any) -> Opt
         return None
     context = rollout.max_prompt_length + rollout.max_response_length
     memory = {"vllm": "gpu_memory_utilization", "sglang": "mem_fraction_static"}[kind]
-    return {"model_path": model_path, "max_model_len": context, memory: rollout.gpu_memory_utilization}
+    options = {"model_path": model_path, "max_model_len": context, memory: rollout.gpu_memory_utilization}
+    if kind == "vllm":
+        options["cpu_kv_cache_gib"] = rollout.cpu_kv_cache_gib
+    return options
 
 
 def _embedded_engine(model_path: str, eos_token_ids: Sequence[int], pad_token_id: Optional[int], tokenizer: Any,

@@ -64,7 +64,7 @@ class VLLMEngine(RolloutEngine):
     def __init__(self, model_path: str, *, eos_token_ids: Sequence[int] = (), dtype: str = "auto", seed: int = 0,
                  max_model_len: int = 4096, gpu_memory_utilization: float = 0.5, tensor_parallel_size: int = 1,
                  bucket_bytes: int = DEFAULT_BUCKET_BYTES, tokenizer: Any = None, cpu_threads: Optional[int] = None,
-                 **engine_kwargs):
+                 cpu_kv_cache_gib: float = 1.0, **engine_kwargs):
         """`tokenizer`: decode responses with this (the agent's own) tokenizer instead of vLLM's, so
         that the text scored is exactly what the other engines produce; vLLM then starts without one
         (`skip_tokenizer_init`) and `model_path` needs only config.json (with `load_format="dummy"`).
@@ -72,14 +72,15 @@ class VLLMEngine(RolloutEngine):
         `cpu_threads` (CPU only): OpenMP threads of each of vLLM's CPU workers (a run's
         `rollout.cpu_threads`), unless VLLM_CPU_OMP_THREADS_BIND is set already. vLLM's own default
         keeps a core for its scheduler and gives a worker the rest of a NUMA node: one thread on a
-        2-core machine, every core but one on a large one. None: vLLM's default."""
+        2-core machine, every core but one on a large one. None: vLLM's default.
+
+        `cpu_kv_cache_gib` (CPU only): the KV cache, allocated whole at start-up (a run's
+        `rollout.cpu_kv_cache_gib`); VLLM_CPU_KVCACHE_SPACE in the environment overrides it, as in vLLM."""
         on_gpu = torch.cuda.is_available()
         binding = {}  # read by vLLM as it starts its workers
         if not on_gpu and cpu_threads and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
             cores = sorted(os.sched_getaffinity(0))
             binding["VLLM_CPU_OMP_THREADS_BIND"] = cpu_thread_binding(cpu_threads, tensor_parallel_size, cores)
-        if not on_gpu:
-            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of KV cache on CPU
         from vllm import LLM
 
         # the agent's own end tokens (as the other engines stop on), besides the model's EOS that vLLM stops on
@@ -94,6 +95,7 @@ class VLLMEngine(RolloutEngine):
             # with chunked prefill off, a prompt is always prefilled whole.
             engine_kwargs.setdefault("enable_chunked_prefill", False)
             engine_kwargs.setdefault("max_num_batched_tokens", max(max_model_len, 8192))
+            engine_kwargs.setdefault("kv_cache_memory_bytes", int(cpu_kv_cache_gib * 2**30))
         with environment_set(binding):
             self.llm = LLM(
                 model=model_path,

@@ -32,6 +32,7 @@ import torch
 import torch.distributed as dist
 
 from hacpo_megatron.algorithms import POLICY_LOSSES, AlgorithmSpec, cross_clip_lower_bound, low_var_kl_penalty
+from hacpo_megatron.environment import return_freed_memory
 from hacpo_megatron.models import cpu_compat
 from hacpo_megatron.models.build import AgentModel
 from hacpo_megatron.models.logprobs import (
@@ -168,6 +169,9 @@ class AgentTrainer:
         metrics = [self._update(list(mini_batch), update_index) for update_index, mini_batch in enumerate(mini_batches)]
         self.scheduler.step(increment=1)
         self.steps_done += 1
+        # The updates' activations are freed now, but glibc keeps the pages of its small blocks for reuse; the
+        # engines reload their weights next, on the same machine's memory: give them back (docs/real_model.md)
+        return_freed_memory()
         return metrics
 
     def _update(self, mini_batch: List[SequenceRow], update_index: int) -> Dict[str, float]:

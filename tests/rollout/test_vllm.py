@@ -18,7 +18,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 def run_checks(work, *mode):
     assert importlib.util.find_spec("vllm") is not None, "vLLM is not installed: `make setup-vllm` (make test does)"
     out = work / "facts.json"
-    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", TOKENIZERS_PARALLELISM="false")
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_CPU_KVCACHE_SPACE"}  # it would override the engines' sizes
+    env["TOKENIZERS_PARALLELISM"] = "false"
     proc = subprocess.run([sys.executable, os.path.join(REPO, "tests", "rollout", "vllm_checks.py"), str(out), str(work),
                            *mode], capture_output=True, text=True, timeout=900, env=env, cwd=REPO)
     assert proc.returncode == 0 and out.exists(), proc.stdout[-3000:] + proc.stderr[-6000:]
@@ -98,6 +99,16 @@ def test_vllm_runs_gemma3_with_pushed_weights_as_transformers_does_past_the_slid
     assert facts["logprob_max_abs_diff"] < 1e-4  # vs transformers' Gemma3ForCausalLM, logits / T
     assert facts["check_after_update_equal"] and facts["check_after_update_max_diff"] == 0.0
     assert facts["logprob_max_abs_diff_after_update"] < 1e-4
+
+
+@pytest.mark.vllm
+def test_the_kv_cache_of_a_vllm_engine_on_cpu_is_the_size_the_config_gives(gemma3_facts):
+    size, blocks, block_size = gemma3_facts["kv_cache"]
+    assert size == 2**28  # rollout.cpu_kv_cache_gib 0.25, not vLLM's own size (a share of the machine's memory)
+    # tiny Gemma 3: 2 layers of 2 KV heads x 16 dims, keys and values, fp32: 512 bytes a token
+    # tiny Gemma 3 in fp32: 2 KV heads x 32 dims, keys and values, 512 bytes a token and layer; vLLM's hybrid
+    # cache (sliding-window and global layers) lays a block of each layer group over the same pool
+    assert blocks * block_size * 512 == size
 
 
 @pytest.mark.vllm

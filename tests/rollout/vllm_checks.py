@@ -149,12 +149,14 @@ def gemma3_main(out_path, workdir):
     tokenizer = load_tokenizer("gemma3", "plain")
     ends = sorted(eos_token_ids(tokenizer))
     engine = make_engine("vllm", model_path=f"{workdir}/config_only", eos_token_ids=ends, seed=0, max_model_len=256,
-                         load_format="dummy", tokenizer=tokenizer, cpu_threads=2)
+                         load_format="dummy", tokenizer=tokenizer, cpu_threads=2, cpu_kv_cache_gib=0.25)
+    cache = engine.llm.llm_engine.vllm_config.cache_config  # the engine core's blocks, reported back at start-up
     prompts = [tokenizer(f"Question: What is {a} + {b}? Count slowly and carefully.\nAnswer:")["input_ids"]
                for a, b in ((3, 4), (12, 9))]
     window = config["sliding_window"]
     params = SamplingParams(n=2, temperature=0.8, max_new_tokens=12, seed=5)
-    facts = {"prompt_lengths": [len(p) for p in prompts], "window": window}
+    facts = {"prompt_lengths": [len(p) for p in prompts], "window": window,
+             "kv_cache": [cache.kv_cache_memory_bytes, cache.num_gpu_blocks, cache.block_size]}
     push_weights(engine, [(n, t) for n, t in model_a.state_dict().items() if n != "lm_head.weight"])
     out = engine.generate(prompts, params)
     facts["logprob_max_abs_diff"] = max(abs(x - y) for p, g in zip(prompts, out) for c in g
