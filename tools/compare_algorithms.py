@@ -253,6 +253,44 @@ def final_accuracies(curves: Mapping[str, Mapping[int, float]]) -> Dict[str, flo
     return {agent: points[max(points)] for agent, points in curves.items() if points}
 
 
+CLIP_COLUMNS = ("below", "inside", "above", "mean_s", "right", "right_inside")
+
+
+def clip_diagnostics(records: Sequence[Mapping[str, Any]]) -> Dict[str, Dict[int, Dict[str, float]]]:
+    """{agent: {step: ...}}: where the other agents' answers fell against the learner's cross clip [lo_m, 1],
+    from its training records (each a mean over the step's updates, losses.py). below / inside / above: shares
+    of those answers; mean_s: their mean ratio s; right: share with a positive advantage (the right answers of a
+    group not all right); right_inside: share that is right and inside the clip, i.e. moved the learner. Steps
+    without any other agent's answer (single-agent baselines) are left out."""
+    out: Dict[str, Dict[int, Dict[str, float]]] = {}
+    for r in records:
+        if r.get("kind") != "train" or not r.get("num_cross") or not isinstance(r.get("step"), int):
+            continue
+        below, above = float(r.get("cross_clip_frac_lower", math.nan)), float(r.get("cross_clip_frac_upper", math.nan))
+        out.setdefault(r["agent"], {})[r["step"]] = {
+            "below": below, "inside": 1.0 - below - above, "above": above,
+            "mean_s": float(r.get("cross_ratio_mean", math.nan)),
+            "right": float(r.get("cross_positive_frac", math.nan)),
+            "right_inside": float(r.get("cross_positive_inside_frac", math.nan))}
+    return out
+
+
+def clip_table(results: Sequence[CellResult], label: str) -> List[List[str]]:
+    """Rows (step, agent, then CLIP_COLUMNS as means over the variant's cells that logged that step, n cells)."""
+    rows = []
+    for agent in variant_agents(results, label):
+        per_step: Dict[int, List[Dict[str, float]]] = {}
+        for r in results:
+            if r.cell.variant.label == label:
+                for step, values in r.clip.get(agent, {}).items():
+                    per_step.setdefault(step, []).append(values)
+        for step in sorted(per_step):
+            cells = per_step[step]
+            means = [mean_ci([c[k] for c in cells if math.isfinite(c[k])]).mean for k in CLIP_COLUMNS]
+            rows.append([str(step), agent] + ["n/a" if m is None else f"{m:.2f}" for m in means] + [str(len(cells))])
+    return rows
+
+
 def config_differences(expected: Mapping[str, Any], found: Mapping[str, Any], limit: int = 3) -> List[str]:
     """'key: X here, Y in the folder' for keys both configs hold with different values (keys only one of them
     holds are not compared: a key added to the schema since the folder was written is no change of the run)."""
@@ -336,6 +374,7 @@ class CellResult:
     final: Dict[str, float]  # agent -> held-out accuracy at the final evaluation (finished cells only)
     curves: Dict[str, Dict[int, float]]
     outcome: str = "not run"  # what this call did: skipped / ran fresh / resumed / failed (exit N) / ...
+    clip: Dict[str, Dict[int, Dict[str, float]]] = field(default_factory=dict)  # clip_diagnostics of its records
 
     @property
     def finished(self) -> bool:
@@ -345,9 +384,10 @@ class CellResult:
 def collect_cell(cell: Cell, outcome: str = "not run") -> CellResult:
     state = cell_state(cell.folder)
     config = read_run_config(cell.folder) or {}
-    curves = eval_curves(load_cell_metrics(cell.folder)) if config else {}
+    records = load_cell_metrics(cell.folder) if config else []
+    curves = eval_curves(records)
     final = final_accuracies(curves) if state.status == FINISHED else {}
-    return CellResult(cell, state, agent_names_of(config), final, curves, outcome)
+    return CellResult(cell, state, agent_names_of(config), final, curves, outcome, clip_diagnostics(records))
 
 
 @dataclass(frozen=True)
@@ -470,6 +510,18 @@ def results_markdown(results: Sequence[CellResult], labels: Sequence[str], basel
                           _per_seed_text(row.per_seed, signed=True)])
         lines += _markdown_table(["comparison", "agent", "difference (mean ± 95% CI)", "95% CI", "pairs",
                                   "per seed"], table)
+    clip_sections = [(label, clip_table(results, label)) for label in labels]
+    if any(rows for _, rows in clip_sections):
+        lines += ["", "## The other agents' answers against each learner's cross clip", "",
+                  "Per step and learner, means over the variant's seeds (each step's record is a mean over its updates): "
+                  "the shares of the other agents' answers whose ratio s falls below, inside or above [lo_m, 1], "
+                  "their mean s, the share with a positive advantage (right answers), and the share right *and* "
+                  "inside: the other agents' answers that moved the learner."]
+        for label, rows in clip_sections:
+            if rows:
+                lines += ["", f"### {label}", ""]
+                lines += _markdown_table(["step", "learner", "below", "inside", "above", "mean s", "right",
+                                          "right and inside", "seeds"], rows)
     lines += ["", f"![held-out accuracy over steps, mean over seeds]({PLOT_FILE})", "", "## Cells", ""]
     lines += _markdown_table(["variant", "seed", "state", "this call", "folder"],
                              [[r.cell.variant.label, str(r.cell.seed), cell_status_text(r), r.outcome,

@@ -370,3 +370,29 @@ def test_code_version_names_the_commit_and_uncommitted_changes(tool, tmp_path):
     assert tool.code_version(str(tmp_path)) == f"commit {head.strip()[:12]}"
     (tmp_path / "a.py").write_text("x = 2\n")
     assert tool.code_version(str(tmp_path)) == f"commit {head.strip()[:12]} with uncommitted changes"
+
+
+def test_clip_diagnostics_per_step_and_their_table_over_seeds(tool, tmp_path):
+    def train(step, agent, num_cross, lower, upper, s, right, right_inside):
+        return {"kind": "train", "step": step, "agent": agent, "num_cross": num_cross, "cross_clip_frac_lower": lower,
+                "cross_clip_frac_upper": upper, "cross_ratio_mean": s, "cross_positive_frac": right,
+                "cross_positive_inside_frac": right_inside}
+
+    records = [train(1, "a", 32.0, 0.75, 0.05, 0.6, 0.25, 0.0625), train(1, "b", 0.0, 0, 0, 0, 0, 0),
+               {"kind": "eval", "step": 1, "agent": "a", "eval/accuracy": 0.5}]
+    clip = tool.clip_diagnostics(records)
+    assert set(clip) == {"a"}  # b saw no other agent's answer (a single-agent baseline): left out
+    assert clip["a"][1] == pytest.approx({"below": 0.75, "inside": 0.2, "above": 0.05, "mean_s": 0.6,
+                                          "right": 0.25, "right_inside": 0.0625})
+
+    for seed, below in ((1, 0.75), (2, 0.25)):  # two seeds of one variant: the table holds their means
+        folder = tmp_path / "hacpo" / f"seed{seed}"
+        write_run(folder, "hacpo", seed)
+        with (folder / "metrics.jsonl").open("a") as f:
+            f.write(json.dumps(train(1, AGENTS[0], 32.0, below, 0.0, 0.5, 0.5, 0.25)) + "\n")
+    variant = tool.Variant("hacpo", "cfg.yaml")
+    results = [tool.collect_cell(cell) for cell in tool.plan_cells([variant], [1, 2], tmp_path)]
+    rows = tool.clip_table(results, "hacpo")
+    assert rows == [["1", AGENTS[0], "0.50", "0.50", "0.00", "0.50", "0.50", "0.25", "2"]]
+    text = tool.results_markdown(results, ["hacpo"], None, {}, base_config="cfg.yaml", seeds=[1, 2], workdir=str(tmp_path))
+    assert "| 1 | " + AGENTS[0] + " | 0.50 | 0.50 | 0.00 | 0.50 | 0.50 | 0.25 | 2 |" in text
