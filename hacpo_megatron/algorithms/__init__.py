@@ -3,9 +3,11 @@ from hacpo_megatron.algorithms.advantages import hacpo_advantages, modulated_adv
 from hacpo_megatron.algorithms.capability import CapabilityTracker, batch_capabilities, capability_ratios
 from hacpo_megatron.algorithms.losses import (
     cross_clip_lower_bound,
+    fitted_cross_clip_lower_bound,
     grpo_policy_loss,
     gspo_policy_loss,
     hacpo_policy_loss,
+    log_ratio_histogram,
     low_var_kl_penalty,
     masked_row_mean,
     sequence_ratio,
@@ -28,6 +30,8 @@ __all__ = [
     "batch_capabilities",
     "capability_ratios",
     "cross_clip_lower_bound",
+    "fitted_cross_clip_lower_bound",
+    "log_ratio_histogram",
     "grpo_policy_loss",
     "gspo_policy_loss",
     "hacpo_advantages",

@@ -15,6 +15,7 @@ of the sequence's loss" is that value; its gradient is s * mean_t grad log pi(y_
 """
 from __future__ import annotations
 
+import math
 from typing import Dict, Optional, Tuple
 
 import torch
@@ -41,13 +42,42 @@ def sequence_ratio(logp: torch.Tensor, mask: torch.Tensor, old_seq_logp: torch.T
     return torch.exp(log_ratio.clamp(max=MAX_LOG_SEQ_RATIO))
 
 
-def cross_clip_lower_bound(update_index: int, delta: float, delta_step: float, stepwise: bool = True) -> float:
-    """lo_m = min(1, 1 - delta + m * delta_step); without the stepwise schedule lo = 1 - delta."""
+def cross_clip_lower_bound(update_index: int, delta: float, delta_step: float, stepwise: bool = True,
+                           fitted: Optional[float] = None) -> float:
+    """lo_m = min(1, 1 - delta + m * delta_step); without the stepwise schedule lo = 1 - delta.
+
+    `fitted` (beyond the paper, `algorithm.cross_clip_fit_quantile`; docs/algorithm.md): a bound fitted to
+    the pair's measured ratios; the clip then starts at whichever is lower, so the paper's window is only
+    ever widened downward, never narrowed."""
     if update_index < 0:
         raise ValueError(f"update_index must be >= 0, got {update_index}")
-    if stepwise:
-        return min(1.0, 1.0 - delta + update_index * delta_step)
-    return 1.0 - delta
+    paper = min(1.0, 1.0 - delta + update_index * delta_step) if stepwise else 1.0 - delta
+    return paper if fitted is None else min(paper, fitted)
+
+
+# Bins of log s for the fitted cross-clip bound: 0.05 wide (5 % steps of s) from s = e^-12 up to s = 1; the
+# first bin also takes everything below, the last (index len - 1) every s >= 1. A fixed histogram sums over
+# micro-batches and data-parallel replicas like every other metric, so the fit does not depend on the layout.
+LOG_RATIO_EDGES = torch.linspace(-12.0, 0.0, 241, dtype=torch.float64)
+
+
+def log_ratio_histogram(s: torch.Tensor) -> torch.Tensor:
+    """How many ratios fall in each bin of LOG_RATIO_EDGES (float64 counts, len(LOG_RATIO_EDGES) bins)."""
+    log_s = torch.log(s.detach().double().clamp_min(1e-300))
+    bins = (torch.bucketize(log_s, LOG_RATIO_EDGES.to(log_s.device), right=True) - 1).clamp(0, len(LOG_RATIO_EDGES) - 1)
+    return torch.bincount(bins.cpu(), minlength=len(LOG_RATIO_EDGES)).double()
+
+
+def fitted_cross_clip_lower_bound(counts: torch.Tensor, quantile: float) -> Optional[float]:
+    """The q-quantile of the counted ratios, rounded down to its bin's lower edge (at most 5 % below it):
+    the bound that lets the top 1 - q of them (up to s = 1) through. None when nothing was counted."""
+    if not 0.0 < quantile < 1.0:
+        raise ValueError(f"quantile must be in (0, 1), got {quantile}")
+    total = float(counts.sum())
+    if total <= 0:
+        return None
+    first = int(torch.searchsorted(torch.cumsum(counts.double(), 0), torch.tensor(quantile * total, dtype=torch.float64)))
+    return math.exp(float(LOG_RATIO_EDGES[min(first, len(LOG_RATIO_EDGES) - 1)]))
 
 
 def _own_sequence_losses(s: torch.Tensor, advantages: torch.Tensor, clip_low: float, clip_high: float) -> torch.Tensor:
@@ -107,6 +137,7 @@ def hacpo_policy_loss(
     delta_step: float = 0.025,
     cross_clip: bool = True,
     stepwise_clip: bool = True,
+    fitted_lower: Optional[float] = None,
     num_global_seqs: Optional[float] = None,
 ) -> Tuple[torch.Tensor, Metrics]:
     """The HACPO loss of one learner on a mini-batch of own and other agents' rows.
@@ -117,6 +148,7 @@ def hacpo_policy_loss(
     `advantages` are the effective ones (omega already applied to other agents' rows); `update_index`
     is m, the 0-based index of this mini-batch update within the step.
     Switches: `cross_clip=False` (no cross clip ablation), `stepwise_clip=False` (constant lo = 1 - delta).
+    `fitted_lower`: a bound fitted to the pair's ratios (beyond the paper): lo = min(lo_m, fitted_lower).
     """
     check_sequence_batch(logp, mask, old_seq_logp=old_seq_logp, advantages=advantages, is_cross=is_cross)
     _check_clip(clip_low, clip_high)
@@ -124,7 +156,7 @@ def hacpo_policy_loss(
         raise ValueError(f"alpha must be >= 0, got {alpha}")
     if not (0 < delta < 1):
         raise ValueError(f"delta must be in (0, 1), got {delta}")
-    lower = cross_clip_lower_bound(update_index, delta, delta_step, stepwise=stepwise_clip)
+    lower = cross_clip_lower_bound(update_index, delta, delta_step, stepwise=stepwise_clip, fitted=fitted_lower)
     is_cross = is_cross.bool()
     advantages = advantages.to(logp.dtype)
 

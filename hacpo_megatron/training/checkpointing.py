@@ -49,7 +49,8 @@ def _agent_states(output_dir: str, agents):
 
 def _schedules(agents) -> Dict[str, Any]:
     """Every agent's LR schedule and step count, gathered from each agent's first rank."""
-    local = {agents.names[k]: {"scheduler": t.scheduler.state_dict(), "steps_done": t.steps_done}
+    local = {agents.names[k]: {"scheduler": t.scheduler.state_dict(), "steps_done": t.steps_done,
+                               "cross_clip_fitted": t.cross_clip_fitted}
              for k, t in agents.trainers.items() if agents.parallel[k].agent_rank == 0}
     gathered = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, local)
@@ -117,6 +118,7 @@ def load_latest(output_dir: str, agents, tracker, sampler) -> int:
         saved = state["agents"][agents.names[k]]
         trainer.scheduler.load_state_dict(saved["scheduler"])
         trainer.steps_done = saved["steps_done"]
+        trainer.cross_clip_fitted = saved.get("cross_clip_fitted")  # absent from checkpoints before the option
     random.setstate(state["rng"]["python"])
     np.random.set_state(_numpy_rng_state(state["rng"]["numpy"]))
     torch.set_rng_state(state["rng"]["torch"])

@@ -445,7 +445,8 @@ def _hyperparams(cfg: Config, agent_cfg) -> TrainHyperparams:
         adam_beta2=t.adam_beta2, adam_eps=t.adam_eps, grad_clip=t.grad_clip, micro_batch_size=t.micro_batch_size,
         temperature=cfg.rollout.temperature, clip_low=a.clip_low, clip_high=a.clip_high,
         grpo_clip_low=a.grpo_clip_low, grpo_clip_high=a.grpo_clip_high, alpha=a.alpha, delta=a.delta,
-        delta_step=a.delta_step, kl_coef=a.kl_coef, share_prompts=t.share_prompts)
+        delta_step=a.delta_step, cross_clip_fit_quantile=a.cross_clip_fit_quantile, kl_coef=a.kl_coef,
+        share_prompts=t.share_prompts)
 
 
 def _reporter(cfg: Config, agents: Agents, options: RunOptions, start_step: int):

@@ -31,7 +31,11 @@ from typing import Dict, List, Optional, Sequence
 import torch
 import torch.distributed as dist
 
-from hacpo_megatron.algorithms import POLICY_LOSSES, AlgorithmSpec, cross_clip_lower_bound, low_var_kl_penalty
+from hacpo_megatron.algorithms import (
+    POLICY_LOSSES, AlgorithmSpec, cross_clip_lower_bound, fitted_cross_clip_lower_bound, log_ratio_histogram,
+    low_var_kl_penalty, sequence_ratio,
+)
+from hacpo_megatron.algorithms.losses import LOG_RATIO_EDGES
 from hacpo_megatron.environment import return_freed_memory
 from hacpo_megatron.models import cpu_compat
 from hacpo_megatron.models.build import AgentModel
@@ -70,6 +74,7 @@ class TrainHyperparams:
     alpha: float = 1.0
     delta: float = 0.2
     delta_step: float = 0.025
+    cross_clip_fit_quantile: Optional[float] = None  # beyond the paper: see AgentTrainer.cross_clip_fitted
     kl_coef: float = 0.0
     share_prompts: bool = True  # the responses to one prompt share a row, the prompt computed once (exact)
 
@@ -135,6 +140,11 @@ class AgentTrainer:
             start_wd=hp.weight_decay, end_wd=hp.weight_decay, wd_incr_steps=decay_steps, wd_incr_style="constant",
         )
         self.steps_done = 0
+        # algorithm.cross_clip_fit_quantile (beyond the paper, docs/algorithm.md): the q-quantile of the other
+        # agents' ratios s this learner measured in its previous step, which lowers the cross clip's bound;
+        # None before a first step with such rows (the paper's bound alone). Saved in checkpoints.
+        self.cross_clip_fitted: Optional[float] = None
+        self._step_ratio_histogram: Optional[torch.Tensor] = None
         self._gemm_peak: Optional[float] = None
         # Shared-prompt rows need an attention that takes a mask and per-row RoPE positions: megatron's local
         # layers. With Transformer Engine's, every sequence gets a row of its own (models/logprobs.py).
@@ -166,9 +176,13 @@ class AgentTrainer:
         Collective over the agent's ranks; every rank passes the same rows (each data-parallel
         replica takes its own share). The LR schedule advances once per call (one RL step).
         """
+        self._step_ratio_histogram = None
         metrics = [self._update(list(mini_batch), update_index) for update_index, mini_batch in enumerate(mini_batches)]
         self.scheduler.step(increment=1)
         self.steps_done += 1
+        if self._step_ratio_histogram is not None:  # the same counts on every rank of the agent (_reduce_metrics)
+            fitted = fitted_cross_clip_lower_bound(self._step_ratio_histogram, self.hp.cross_clip_fit_quantile)
+            self.cross_clip_fitted = fitted if fitted is not None else self.cross_clip_fitted
         # The updates' activations are freed now, but glibc keeps the pages of its small blocks for reuse; the
         # engines reload their weights next, on the same machine's memory: give them back (docs/real_model.md)
         return_freed_memory()
@@ -199,6 +213,9 @@ class AgentTrainer:
             if packed else self._finalize_without_data()
         success, grad_norm, _ = self.optimizer.step()
         out = self._reduce_metrics(results)  # its copy to the host also waits for a GPU's queued work
+        histogram = out.pop(RATIO_HISTOGRAM, None)
+        if histogram is not None:
+            self._step_ratio_histogram = histogram if self._step_ratio_histogram is None else self._step_ratio_histogram + histogram
         flops_per_s = out.pop("model_flops") / (time.perf_counter() - start)  # every replica's rows
         # rows as the loss sees them: only HACPO's tells other agents' rows apart (Naive's GSPO takes them as own)
         num_cross = global_seqs - global_own_seqs if self.spec.policy_loss == "hacpo" else 0
@@ -206,7 +223,8 @@ class AgentTrainer:
                    num_skipped_zero_advantage=float(global_seqs - len(computed)))
         if self.spec.policy_loss == "hacpo":
             out["cross_clip_lower_bound"] = cross_clip_lower_bound(update_index, self.hp.delta, self.hp.delta_step,
-                                                                   stepwise=self.spec.stepwise_clip)
+                                                                   stepwise=self.spec.stepwise_clip,
+                                                                   fitted=self.cross_clip_fitted)
         out.update(update_index=float(update_index), grad_norm=float(grad_norm) if grad_norm is not None else math.nan,
                    lr=float(self.optimizer.param_groups[0]["lr"]), update_skipped=float(not success),
                    **{"perf/model_flops_per_s": flops_per_s, "perf/gemm_peak_flops_per_s": peak,
@@ -235,7 +253,8 @@ class AgentTrainer:
             loss, metrics = POLICY_LOSSES["hacpo"](
                 logp, mask, old_seq, advantages, is_cross, update_index=update_index, clip_low=hp.clip_low,
                 clip_high=hp.clip_high, alpha=hp.alpha, delta=hp.delta, delta_step=hp.delta_step,
-                cross_clip=self.spec.cross_clip, stepwise_clip=self.spec.stepwise_clip, num_global_seqs=global_seqs)
+                cross_clip=self.spec.cross_clip, stepwise_clip=self.spec.stepwise_clip,
+                fitted_lower=self.cross_clip_fitted, num_global_seqs=global_seqs)
         elif kind == "gspo":  # also Naive: other agents' rows take the same loss as own rows
             loss, metrics = POLICY_LOSSES["gspo"](logp, mask, old_seq, advantages, clip_low=hp.clip_low,
                                                   clip_high=hp.clip_high, num_global_seqs=global_seqs)
@@ -253,6 +272,8 @@ class AgentTrainer:
             metrics["kl"] = float(kl.detach()) * global_own_seqs  # a sum over own rows; _reduce_metrics divides
         weighted = {k: torch.tensor(v * _weight(k, metrics, float(len(rows)))) for k, v in metrics.items()
                     if not math.isnan(v) and k != "cross_clip_lower_bound"}  # _update sets the bound itself
+        if self._fits_cross_clip:  # this micro-batch's share of the counts the next step's bound is fitted to
+            weighted[RATIO_HISTOGRAM] = log_ratio_histogram(sequence_ratio(logp.detach(), mask, old_seq)[is_cross])
         weighted["loss"] = loss.detach().float().cpu()
         weighted["model_flops"] = torch.tensor(training_flops(self.agent.arch, packed.layout), dtype=torch.float64)
         return loss, torch.ones((), dtype=torch.int), weighted
@@ -261,11 +282,14 @@ class AgentTrainer:
         """Sum the micro-batch metrics over micro-batches and data-parallel replicas; same on every rank."""
         keys = ("loss", "own_ratio_mean", "cross_ratio_mean", "own_clip_frac_lower", "own_clip_frac_upper",
                 "num_own", "num_cross", "kl", "model_flops") + CROSS_FRACTIONS
-        totals = torch.zeros(len(keys), dtype=torch.float64)
+        bins = len(LOG_RATIO_EDGES) if self._fits_cross_clip else 0
+        totals = torch.zeros(len(keys) + bins, dtype=torch.float64)  # the scalars, then the ratio histogram
         for result in results:
             for i, key in enumerate(keys):
                 if key in result:
                     totals[i] += float(result[key])
+            if bins and RATIO_HISTOGRAM in result:
+                totals[len(keys):] += result[RATIO_HISTOGRAM]
         device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
         buffer = totals.to(device)
         if self.parallel.is_last_stage and self.parallel.dp_size > 1:
@@ -273,7 +297,8 @@ class AgentTrainer:
         if self.parallel.pp_size > 1:  # only the last stage computed a loss; every rank reports it
             dist.broadcast(buffer, group=self.parallel.pp_group, group_src=self.parallel.pp_size - 1)
         totals = buffer.cpu()
-        t = dict(zip(keys, totals.tolist()))
+        histogram = totals[len(keys):] if bins else None
+        t = dict(zip(keys, totals[:len(keys)].tolist()))
         out = {"loss": t["loss"], "num_own": t["num_own"], "num_cross": t["num_cross"], "model_flops": t["model_flops"]}
         for key in ("own_ratio_mean", "own_clip_frac_lower", "own_clip_frac_upper"):
             out[key] = t[key] / t["num_own"] if t["num_own"] else math.nan
@@ -281,9 +306,16 @@ class AgentTrainer:
             out[key] = t[key] / t["num_cross"] if t["num_cross"] else math.nan
         if self.hp.kl_coef > 0:
             out["kl"] = t["kl"] / t["num_own"] if t["num_own"] else math.nan
+        if histogram is not None and t["num_cross"]:
+            out[RATIO_HISTOGRAM] = histogram
         return out
 
+    @property
+    def _fits_cross_clip(self) -> bool:
+        return self.hp.cross_clip_fit_quantile is not None and self.spec.policy_loss == "hacpo" and self.spec.cross_clip
 
+
+RATIO_HISTOGRAM = "cross_log_ratio_histogram"  # counts of the other agents' log s per bin (LOG_RATIO_EDGES)
 # fractions of the other agents' rows: below / above the cross clip; with a positive advantage; and those that also
 # pass the clip (the other agents' good answers that moved the learner)
 CROSS_FRACTIONS = ("cross_clip_frac_lower", "cross_clip_frac_upper", "cross_positive_frac", "cross_positive_inside_frac")

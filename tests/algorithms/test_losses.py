@@ -5,9 +5,11 @@ import torch
 
 from hacpo_megatron.algorithms import (
     cross_clip_lower_bound,
+    fitted_cross_clip_lower_bound,
     grpo_policy_loss,
     gspo_policy_loss,
     hacpo_policy_loss,
+    log_ratio_histogram,
     low_var_kl_penalty,
 )
 from tests.algorithms.reference import ref_seq_loss
@@ -92,6 +94,45 @@ def test_cross_clip_lower_bound_schedule():
     assert cross_clip_lower_bound(7, 0.2, 0.025, stepwise=False) == pytest.approx(0.8)
     with pytest.raises(ValueError):
         cross_clip_lower_bound(-1, 0.2, 0.025)
+
+
+def test_fitted_cross_clip_bound_by_hand():
+    """Ratios 0.1, 0.3, 0.55, 0.9, 1.2 (log -2.303, -1.204, -0.598, -0.105, 0.182) in bins of log s 0.05 wide from
+    -12: bins 193, 215, 228, 237 and the last (s >= 1). The median (q 0.5: the third of five) lies in bin 228,
+    [-0.60, -0.55): the bound is e^-0.60 = 0.5488, just below 0.55; q 0.2 gives the first ratio's bin
+    [-2.35, -2.30): e^-2.35; q 0.9 reaches the last bin: 1, and the paper's 0.8 stays."""
+    s = torch.tensor([0.1, 0.3, 0.55, 0.9, 1.2])
+    counts = log_ratio_histogram(s)
+    assert counts.sum() == 5 and counts.nonzero().flatten().tolist() == [193, 215, 228, 237, 240]
+    assert fitted_cross_clip_lower_bound(counts, 0.5) == pytest.approx(math.exp(-0.60))
+    assert fitted_cross_clip_lower_bound(counts, 0.2) == pytest.approx(math.exp(-2.35))
+    assert fitted_cross_clip_lower_bound(counts, 0.9) == 1.0
+    assert fitted_cross_clip_lower_bound(counts + log_ratio_histogram(torch.tensor([0.51, 0.52])), 0.5) == pytest.approx(
+        math.exp(-0.70))  # two more at log s -0.673, -0.654 (bin 226): the 4th of 7 (0.52) is in bin 226, [-0.70, -0.65)
+    assert fitted_cross_clip_lower_bound(torch.zeros(241), 0.5) is None  # nothing measured: no fit
+    assert log_ratio_histogram(torch.tensor([1e-9]))[0] == 1  # far below the range: the first bin
+    # the bound: the lower of the paper's and the fitted one
+    assert cross_clip_lower_bound(0, 0.2, 0.025, fitted=math.exp(-0.60)) == pytest.approx(math.exp(-0.60))
+    assert cross_clip_lower_bound(0, 0.2, 0.025, fitted=1.0) == pytest.approx(0.8)
+    with pytest.raises(ValueError):
+        fitted_cross_clip_lower_bound(counts, 1.0)
+
+
+def test_a_fitted_bound_lets_a_distant_answer_through():
+    """s = e^-0.5 = 0.61 is below the paper's 0.8 (no gradient); with a fitted bound 0.5488 it is inside."""
+    mask = torch.ones(1, 2, dtype=torch.bool)
+    s = math.exp(-0.5)
+    for fitted, inside in ((None, False), (math.exp(-0.60), True)):
+        logp = torch.tensor([[-1.4, -1.6]], dtype=torch.float64, requires_grad=True)
+        loss, m = hacpo_policy_loss(logp, mask, torch.tensor([-1.0]).double(), torch.tensor([0.5]).double(),
+                                    torch.tensor([True]), update_index=0, alpha=1.0, fitted_lower=fitted)
+        loss.backward()
+        assert m["cross_clip_lower_bound"] == pytest.approx(0.8 if fitted is None else fitted)
+        assert m["cross_positive_inside_frac"] == float(inside)
+        if inside:  # -s * sg(s) * A: d/dlogp_t = -A * s^2 / L
+            assert torch.allclose(logp.grad, torch.full((1, 2), -0.5 * s**2 / 2, dtype=torch.float64))
+        else:
+            assert logp.grad.abs().max().item() == 0.0
 
 
 def test_log_ratio_is_clamped_at_ten():

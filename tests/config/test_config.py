@@ -146,21 +146,27 @@ def test_updates_per_step_follow_the_algorithm(tmp_path, overrides, message):
         ("algorithm.cross_old_logprob=other", "is not one of 'source', 'learner'"),
         ("algorithm.name=gspo", None),
         ("rollout.temperature=0", "rollout.temperature: must be > 0"),
+        ("algorithm.cross_clip_fit_quantile=0.25", None),
+        ("algorithm.cross_clip_fit_quantile=1", "algorithm.cross_clip_fit_quantile: must be in (0, 1) or null"),
+        ("algorithm.name=gspo_x2;algorithm.cross_clip_fit_quantile=0.25", "fits HACPO's cross clip, which 'gspo_x2'"),
+        ("algorithm.cross_clip=false;algorithm.cross_clip_fit_quantile=0.25", "'hacpo' with cross_clip false"),
+        ("rollout.cpu_kv_cache_gib=0", "rollout.cpu_kv_cache_gib: must be > 0"),
         ("train.sft_warmup_stop_accuracy=1.5", "train.sft_warmup_stop_accuracy: must be in (0, 1]"),
         ("agents.b.sft_warmup_stop_accuracy=0", "agents.1.sft_warmup_stop_accuracy: must be in (0, 1]"),
     ],
 )
 def test_out_of_range_values_are_rejected(tmp_path, override, message):
     path = write(tmp_path, GOOD)
+    overrides = override.split(";")  # several at once where a check relates two keys
     if message is None:
         section, rest = override.split(".", 1)
         key, value = rest.split("=")
-        assert str(getattr(getattr(load_config(path, [override]), section), key)) == value
+        assert str(getattr(getattr(load_config(path, overrides), section), key)) == value
         return
     with pytest.raises(ConfigError) as err:
-        load_config(path, [override])
+        load_config(path, overrides)
     assert message in str(err.value)
-    assert f"--set {override}" in str(err.value) or override.startswith("agents")
+    assert f"--set {overrides[-1]}" in str(err.value) or override.startswith("agents")
 
 
 def test_overrides_set_any_key_by_index_or_agent_name(tmp_path):

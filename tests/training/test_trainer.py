@@ -55,6 +55,13 @@ def test_loss_trajectory_is_the_same_at_every_layout(run):
     assert metrics["num_own"] == 4 and metrics["num_cross"] == 4  # 2 prompts x G=2 per mini-batch
     # the source's old log-probs were set 0.1 below the learner's: cross ratios start near e^0.1 > 1, capped at 1
     assert metrics["cross_ratio_mean"] > 1 and metrics["cross_clip_frac_upper"] > 0
+    # the fitted cross-clip bound (algorithm.cross_clip_fit_quantile 0.5): the last step's ratios of the other
+    # agent's rows counted whole at every layout (not one replica's or one stage's share), the same bound fitted;
+    # the source's log-probs 0.1 below the learner's put most ratios at s >= 1: the median's bin starts at 1
+    counted = layouts["tp1"]["ratios_counted"]
+    assert 0 < counted <= 2 * metrics["num_cross"]  # rows with an advantage, of the 2 updates' 4 other-agent rows
+    for layout, report in layouts.items():
+        assert report["ratios_counted"] == counted and report["fitted_bound"] == 1.0, layout
     # utilisation: model FLOP/s of the update and its fraction of the GEMM peak measured at the trainer's start
     for layout, report in layouts.items():
         m = report["metrics"]

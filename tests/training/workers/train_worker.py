@@ -88,8 +88,9 @@ def part_layouts(hf_config, out):
                             [[1.0, 1.0], [1.0, 0.0], [0.0, 1.0], [1.0, 1.0]]])
     spec = resolve_algorithm("hacpo")
     adv = step_advantages(rewards, batch_capabilities(rewards), spec)
+    # the fitted cross-clip bound on: its ratio counts must sum over micro-batches, replicas and stages alike
     hp = TrainHyperparams(lr=1e-3, grad_clip=0.0, micro_batch_size=3, temperature=0.7, total_steps=3,
-                          clip_low=0.2, clip_high=0.2)
+                          clip_low=0.2, clip_high=0.2, cross_clip_fit_quantile=0.5)
     report = {}
     for name, parallel in zip(layouts, groups):
         if not parallel.is_member:
@@ -111,7 +112,8 @@ def part_layouts(hf_config, out):
                 grads = export_hf_state_dict(agent.model, hf_config, parallel,
                                              tensor_of=lambda p: p.main_grad.detach())
         if parallel.agent_rank == 0:  # the agent's first rank holds the gathered tensors
-            report[name] = {"losses": losses, "metrics": metrics[0]}
+            report[name] = {"losses": losses, "metrics": metrics[0], "fitted_bound": trainer.cross_clip_fitted,
+                            "ratios_counted": float(trainer._step_ratio_histogram.sum())}
             torch.save(grads, out / f"grads_{name}.pt")
     return report
 
