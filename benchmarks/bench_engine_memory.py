@@ -8,9 +8,11 @@ The engine is built as a run's engine actor builds it (rollout/vllm_engine.py): 
 "dummy" weights, the agent's tokenizer, fp32, a 1 GiB KV cache (`--kv-cache-gib`); in this process, or with
 --via-actor as a run has it (an EngineActor in a private local Ray, weights over the process group).
 Then, --reloads times: push the model's weights (its converted HF folder in .cache/models; the tied head
-not sent, as a trainer sends it) with `push_weights` in 256 MiB buckets, each push a little different (as
+not sent, as a trainer sends it) in 256 MiB buckets as `push_weights` does, each push a little different (as
 after an update), then one short generation (8 samples of one prompt, 48 tokens), then read the RSS of
-vLLM's processes (summed). The physical
+vLLM's processes (summed). During each push their summed RSS is sampled every 20 ms, apart for its two halves:
+the staging (every bucket received and kept) and the reload (`finish_weight_update`): the peaks, which Ray's
+memory monitor sees and the readings after a push miss. The physical
 reference is the model's own size in fp32: the memory a reload frees and takes again. Growth per reload
 is the least-squares slope over reloads 3..N (the first ones settle the allocator and the KV cache).
 
@@ -47,6 +49,15 @@ def vllm_rss(parent) -> Dict[str, int]:
     if not any("Worker" in name for name in found):
         raise RuntimeError(f"no vLLM worker process among {found}")
     return found
+
+
+def stage(target, named, bucket_bytes: int) -> None:
+    """The first half of `push_weights`: begin, then every bucket (received and staged by vLLM's worker on CPU)."""
+    from hacpo_megatron.rollout.base import weight_buckets
+
+    target.begin_weight_update()
+    for bucket in weight_buckets(named, bucket_bytes):
+        target.update_weights(bucket)
 
 
 class PeakRSS:
@@ -90,10 +101,9 @@ class InProcess:
                                   max_model_len=512, cpu_kv_cache_gib=kv_cache_gib)
         self.parent = psutil.Process()
 
-    def push(self, named, bucket_bytes):
-        from hacpo_megatron.rollout.base import push_weights
-
-        push_weights(self.engine, named, bucket_bytes)
+    @property
+    def target(self):
+        return self.engine
 
     def generate(self, prompts, params):
         return self.engine.generate(prompts, params)
@@ -119,10 +129,9 @@ class ThroughActor:
         self.parent = psutil.Process(wait_until_alive(self.handle, timeout_s=600))
         self.sender, self.remote = make_sender("process_group", self.handle), RemoteEngine(self.handle)
 
-    def push(self, named, bucket_bytes):
-        from hacpo_megatron.rollout.base import push_weights
-
-        push_weights(self.sender, named, bucket_bytes)
+    @property
+    def target(self):
+        return self.sender
 
     def generate(self, prompts, params):
         return self.remote.generate(prompts, params)
@@ -190,20 +199,25 @@ def main() -> None:
     params = SamplingParams(n=8, temperature=0.7, max_new_tokens=48, seed=0)
     processes = [vllm_rss(engine.parent)]
     print(f"vLLM after start ({start_s:.0f} s): {fmt(processes[0])}", flush=True)
-    seconds, peaks = [], []
+    seconds, peaks, phases, staged = [], [], [], []
     try:
         for reload in range(1, args.reloads + 1):
             t = time.perf_counter()
             update = [(name, tensor.float() * (1 + 1e-3 * reload)) for name, tensor in weights.items()]
-            with PeakRSS(engine.parent) as during:
-                engine.push(update, args.bucket_mib * 2**20)
+            with PeakRSS(engine.parent) as staging:
+                stage(engine.target, update, args.bucket_mib * 2**20)
+            staged.append(sum(vllm_rss(engine.parent).values()))
+            with PeakRSS(engine.parent) as reloading:  # the second half: vLLM's reload of the staged weights
+                engine.target.finish_weight_update()
             del update
-            peaks.append(during.peak)
+            peaks.append(max(staging.peak, reloading.peak))
+            phases.append((staging.peak, reloading.peak))
             engine.generate([prompt] * 8, params)
             seconds.append(time.perf_counter() - t)
             processes.append(vllm_rss(engine.parent))
-            print(f"reload {reload}: {fmt(processes[-1])}, peak during the push {peaks[-1] / GB:.2f} GB "
-                  f"({seconds[-1]:.1f} s)", flush=True)
+            print(f"reload {reload}: {fmt(processes[-1])}; during the push: staging peak {phases[-1][0] / GB:.2f} GB, "
+                  f"staged {staged[-1] / GB:.2f} GB, reload peak {phases[-1][1] / GB:.2f} GB ({seconds[-1]:.1f} s)",
+                  flush=True)
     finally:
         engine.close()
     rss = [sum(p.values()) for p in processes]
@@ -213,6 +227,7 @@ def main() -> None:
         "rss_bytes": rss, "rss_bytes_by_process": processes, "growth_per_reload_bytes": growth, "growth_per_reload_over_model": growth / model_bytes,
         "rss_last_over_first_reload": rss[-1] / rss[1], "seconds_per_reload": seconds,
         "peak_rss_bytes_during_push": peaks, "peak_over_resting_bytes": [p - r for p, r in zip(peaks, rss)],
+        "staging_peak_bytes": [a for a, _ in phases], "staged_bytes": staged, "reload_peak_bytes": [b for _, b in phases],
         "torch": torch.__version__, "cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
         "load_average": os.getloadavg(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
     }

@@ -51,7 +51,12 @@ class ProcessGroupSender(RemoteEngine):
     def begin_weight_update(self) -> None:
         with engine_lost_if_actor_dies(self.handle):
             # a new actor process (Ray restarted it, perhaps unseen) has not joined the group
-            if self.group is None or ray.get(self.handle.pid.remote()) != self.group_pid:
+            pid = ray.get(self.handle.pid.remote())
+            if self.group is not None and pid != self.group_pid:  # say so: nothing else in the run would
+                print(f"weight push: engine process {self.group_pid} was replaced by {pid} since the last push (Ray "
+                      "restarted the actor: its memory monitor ends actors when the machine passes 95 % of its "
+                      "memory); the new process joins the weight group and gets these weights", flush=True)
+            if self.group is None or pid != self.group_pid:
                 self._connect()
             ray.get(self.handle.begin_weight_update.remote())
         self.sent = 0

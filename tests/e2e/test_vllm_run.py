@@ -42,6 +42,7 @@ def test_vllm_engines_serve_exactly_the_trainers_weights_a_restarted_one_too(vll
     out, output = vllm_run
     # the kill really happened, and the restarted engine was found without weights before it generated
     assert "the engines of ['qwen3-tiny'] were restarted since their last weight push" in output
+    assert output.count("was replaced by") == 1  # the sender saw the new process (said once: only that engine died)
     train = [r for r in metrics(out) if r["kind"] == "train"]
     assert len(train) == 4 and {r["agent"] for r in train} == {"qwen3-tiny", "gemma3-tiny"}
     assert all(r["weight_sync/check_equal"] == 1.0 for r in train)
