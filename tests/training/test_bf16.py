@@ -7,6 +7,8 @@ import pytest
 
 from tests.models.torchrun import REPO, run_torchrun
 
+pytestmark = pytest.mark.distributed  # a torchrun world: not in make test-fast
+
 WORKER = REPO / "tests" / "training" / "workers" / "bf16_worker.py"
 
 

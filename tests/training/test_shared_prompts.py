@@ -4,6 +4,8 @@ import torch
 
 from tests.models.torchrun import REPO, run_torchrun
 
+pytestmark = pytest.mark.distributed  # a torchrun world: not in make test-fast
+
 WORKER = REPO / "tests" / "training" / "workers" / "shared_prompts_worker.py"
 
 

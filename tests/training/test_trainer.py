@@ -8,6 +8,8 @@ import yaml
 from tests.models.torchrun import REPO, run_torchrun
 from tests.models.workers.reference import TEST_CONFIGS
 
+pytestmark = pytest.mark.distributed  # a torchrun world: not in make test-fast
+
 WORKER = REPO / "tests" / "training" / "workers" / "train_worker.py"
 
 

@@ -55,6 +55,7 @@ def test_gemm_peak_of_this_cpu_is_a_plausible_rate():
     assert 1e8 < peak < 1e13  # between a slow core and far more than a 2-core machine's fp32 peak
 
 
+@pytest.mark.distributed  # a torchrun world: not in make test-fast
 def test_ranks_time_their_gemm_peaks_one_after_another(tmp_path):
     """A peak timed while another rank computes reads low: no two ranks' timings may overlap."""
     import json

@@ -5,6 +5,8 @@ import torch
 from hacpo_megatron.training.batch import SequenceRow, rows_with_gradient
 from tests.models.torchrun import REPO, run_torchrun
 
+pytestmark = pytest.mark.distributed  # a torchrun world: not in make test-fast
+
 WORKER = REPO / "tests" / "training" / "workers" / "skip_worker.py"
 
 
