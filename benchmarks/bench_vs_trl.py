@@ -252,7 +252,7 @@ def ours_config(model: Dict[str, str], new_tokens: int, old_logprobs: str, args)
                   "grad_clip": GRAD_CLIP, "params_dtype": "fp32", "cpu_threads": args.threads,
                   "sft_warmup_steps": 0},
         "checkpoint": {"save_every": 0, "keep_last": 1},
-        "logging": {"tensorboard": False, "plots": False, "progress_bar": False},
+        "logging": {"trackers": [], "plots": False, "progress_bar": False},
     }
 
 

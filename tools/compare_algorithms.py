@@ -62,7 +62,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from hacpo_megatron.training.reporting import EVAL_ACCURACY, METRICS_FILE, read_metrics  # noqa: E402
+from hacpo_megatron.reporting import EVAL_ACCURACY, METRICS_FILE, read_metrics  # noqa: E402
 
 EXIT_OK, EXIT_INCOMPLETE, EXIT_BAD_INPUT = 0, 1, 2
 # What the training entry returns after a preemption (PREEMPTED_EXIT_CODE in orchestrator/preemption.py,

@@ -14,7 +14,7 @@ from typing import Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from hacpo_megatron.training.reporting import METRICS_FILE, render_run_outputs  # noqa: E402
+from hacpo_megatron.reporting import METRICS_FILE, render_run_outputs  # noqa: E402
 
 
 def main(argv: Optional[list] = None) -> int:

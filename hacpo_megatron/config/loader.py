@@ -290,6 +290,10 @@ def _validate(cfg: Config, where: _Where, errors: List[str]) -> None:
     _check(0 < r.gpu_memory_utilization <= 1, errors, where, ("rollout", "gpu_memory_utilization"), "must be in (0, 1]")
     _check(r.cpu_kv_cache_gib > 0, errors, where, ("rollout", "cpu_kv_cache_gib"), "must be > 0")
 
+    repeated = sorted({name for name in cfg.logging.trackers if cfg.logging.trackers.count(name) > 1})
+    _check(not repeated, errors, where, ("logging", "trackers"), f"{', '.join(repeated)} listed more than once")
+    _check(bool(cfg.logging.project.strip()), errors, where, ("logging", "project"), "must not be empty")
+
     _check(d.prompt_batch_size >= 1, errors, where, ("data", "prompt_batch_size"), "must be >= 1")
     _check(d.eval_every >= 0, errors, where, ("data", "eval_every"), "must be >= 0 (0 disables)")
     _check(d.eval_samples >= 1, errors, where, ("data", "eval_samples"), "must be >= 1")

@@ -169,7 +169,13 @@ class CheckpointConfig:
 
 @dataclass
 class LoggingConfig:
-    tensorboard: bool = True
+    # where every metric goes besides metrics.jsonl (always written), named "<agent>/<metric>"
+    # (hacpo_megatron/reporting/trackers.py): tensorboard (RUN/tensorboard), wandb (offline unless WANDB_MODE says
+    # otherwise: RUN/wandb, `wandb sync` later; pip install '.[wandb]'), mlflow (a SQLite store RUN/mlflow.db, or
+    # mlflow_tracking_uri; pip install '.[mlflow]'). --resume continues the same tracked runs. [] for none.
+    trackers: List[Literal["tensorboard", "wandb", "mlflow"]] = field(default_factory=lambda: ["tensorboard"])
+    project: str = "hacpo"  # the W&B project and the MLflow experiment the run goes to (its name: run.name)
+    mlflow_tracking_uri: Optional[str] = None  # e.g. http://host:5000 or sqlite:///path.db; None: RUN/mlflow.db
     plots: bool = True
     progress_bar: bool = True
 

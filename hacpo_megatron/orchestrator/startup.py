@@ -26,7 +26,7 @@ def start_actors(cfg: Any, agent_parallel: Sequence[Any], hf_configs: Sequence[D
                  output_dir: str) -> Tuple[Dict[int, Any], Dict[int, Any], Optional[Any]]:
     """(engine actor handles: all on rank 0, its own on an engine rank; weight senders of this rank's
     engine ranks; the reward actor on rank 0, else None)."""
-    from hacpo_megatron.training.reporting import update_run_info
+    from hacpo_megatron.reporting import update_run_info
 
     names = [a.name for a in cfg.agents]
     rank_nodes = placement.gather_rank_nodes()  # collective: rank 0 learns every engine rank's node

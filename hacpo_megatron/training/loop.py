@@ -30,7 +30,7 @@ import torch.distributed as dist
 from hacpo_megatron.algorithms import CapabilityTracker, step_advantages
 from hacpo_megatron.algorithms.registry import algorithm_spec
 from hacpo_megatron.bridge import load_tokenizer
-from hacpo_megatron.config import Config, dump_config
+from hacpo_megatron.config import Config, config_to_dict, dump_config
 from hacpo_megatron.data import PromptSampler, load_prompts
 from hacpo_megatron.models.build import AgentModel
 from hacpo_megatron.models.presets import load_hf_config_dict
@@ -157,7 +157,7 @@ def run_hacpo(cfg: Config, options: RunOptions, model_provider: ModelProvider) -
     finally:
         preemption.uninstall()
         if reporter is not None:
-            reporter.close()
+            reporter.close(failed=not finished)
         if finished:  # an orderly end: the others leave Ray first, then rank 0 stops it
             if rank == 0 and reward_actor is not None:
                 ray.get(reward_actor.close.remote())
@@ -420,7 +420,7 @@ def _load_data(cfg: Config, agents: Agents, options: RunOptions):
         if any(skipped.values()):
             print(f"skipped prompts longer than rollout.max_prompt_length={cfg.rollout.max_prompt_length} tokens: "
                   f"{skipped['train']} of {cfg.data.train}, {skipped['eval']} of {cfg.data.eval}", flush=True)
-        from hacpo_megatron.training.reporting import update_run_info
+        from hacpo_megatron.reporting import update_run_info
 
         update_run_info(options.output_dir, {"prompts": {
             split: {"used": len(splits[split]), "skipped_overlong": skipped[split]} for split in splits}})
@@ -450,14 +450,17 @@ def _hyperparams(cfg: Config, agent_cfg) -> TrainHyperparams:
 
 
 def _reporter(cfg: Config, agents: Agents, options: RunOptions, start_step: int):
-    from hacpo_megatron.training.reporting import RunReporter
+    from hacpo_megatron.reporting import RunReporter
+    from hacpo_megatron.reporting.trackers import flat_params
 
     # Records are numbered by completed steps (1-based); a resumed run keeps those up to its
     # checkpoint's step and rewrites anything logged after it (steps the crash made it redo).
     keep_before = start_step + 1 if options.resume else 0
-    return RunReporter(options.output_dir, agents.names, total_steps=cfg.run.total_steps,
-                       tensorboard=cfg.logging.tensorboard, plots=cfg.logging.plots,
-                       progress_bar=cfg.logging.progress_bar, start_step=keep_before)
+    log = cfg.logging
+    return RunReporter(options.output_dir, agents.names, total_steps=cfg.run.total_steps, trackers=log.trackers,
+                       plots=log.plots, progress_bar=log.progress_bar, start_step=keep_before, project=log.project,
+                       run_name=cfg.run.name, params=flat_params(config_to_dict(cfg)),
+                       mlflow_tracking_uri=log.mlflow_tracking_uri)
 
 
 def _tokenizer_name(agent_cfg) -> str:

@@ -44,6 +44,7 @@ def _attempt(problems: List[str], where: str, check) -> None:
 
 def _file_problems(cfg: Config, output_dir: str, resume: bool) -> List[str]:
     from hacpo_megatron.data import load_prompts
+    from hacpo_megatron.reporting.trackers import tracker_install_problems
 
     problems: List[str] = []
     _attempt(problems, "data.train", lambda: load_prompts(cfg.data.train, "train"))
@@ -59,6 +60,7 @@ def _file_problems(cfg: Config, output_dir: str, resume: bool) -> List[str]:
                      lambda spec=agent.sft_warmup_task: load_prompts(spec, "train"))
         if agent.engine != "embedded":
             _attempt(problems, f"agents.{k} ({agent.name}).engine", lambda kind=agent.engine: _check_engine_installed(kind))
+    problems += [f"logging.trackers: {problem}" for problem in tracker_install_problems(cfg.logging.trackers)]
     if resume:
         from hacpo_megatron.checkpoint.megatron_io import resume_candidates
 

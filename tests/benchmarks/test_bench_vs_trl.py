@@ -101,7 +101,7 @@ def test_ours_config_is_a_valid_one_agent_gspo_config(bench, tmp_path):
     assert cfg.run.total_steps == 5 and cfg.train.sft_warmup_steps == 0 and cfg.rollout.old_logprobs == "engine"
     assert cfg.data.prompt_batch_size * cfg.rollout.samples_per_prompt == cfg.train.mini_batch_size * 8  # one update
     assert cfg.rollout.max_response_length == 16 and cfg.data.eval_every == 0 and cfg.checkpoint.save_every == 0
-    assert not (cfg.logging.tensorboard or cfg.logging.plots or cfg.logging.progress_bar)
+    assert not (cfg.logging.trackers or cfg.logging.plots or cfg.logging.progress_bar)
 
 
 def test_trl_gets_the_prompts_in_the_order_of_the_loop(bench):

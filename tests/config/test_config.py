@@ -153,6 +153,9 @@ def test_updates_per_step_follow_the_algorithm(tmp_path, overrides, message):
         ("rollout.cpu_kv_cache_gib=0", "rollout.cpu_kv_cache_gib: must be > 0"),
         ("train.sft_warmup_stop_accuracy=1.5", "train.sft_warmup_stop_accuracy: must be in (0, 1]"),
         ("agents.b.sft_warmup_stop_accuracy=0", "agents.1.sft_warmup_stop_accuracy: must be in (0, 1]"),
+        ("logging.trackers=[tensorboard, neptune]", "logging.trackers.1: 'neptune' is not one of 'tensorboard'"),
+        ("logging.trackers=[wandb, mlflow, wandb]", "logging.trackers: wandb listed more than once"),
+        ("logging.project=' '", "logging.project: must not be empty"),
     ],
 )
 def test_out_of_range_values_are_rejected(tmp_path, override, message):

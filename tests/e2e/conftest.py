@@ -11,7 +11,8 @@ def cache(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def reference_run(tmp_path_factory, cache):
-    """The small default run, 3 steps, a checkpoint after every step, nothing interrupted."""
+    """The small default run, 3 steps, a checkpoint after every step, nothing interrupted, every tracker on."""
     out = tmp_path_factory.mktemp("reference") / "run"
-    run(small_config(out.parent, cache, checkpoint={"save_every": 1}), out)
+    run(small_config(out.parent, cache, checkpoint={"save_every": 1},
+                     logging={"trackers": ["tensorboard", "mlflow", "wandb"]}), out)
     return out

@@ -30,7 +30,7 @@ def small_config(tmp: Path, cache: Path, **changes) -> dict:
     config["data"].update(prompt_batch_size=4, eval_every=3, eval_max_prompts=8)
     config["train"].update(mini_batch_size=2, micro_batch_size=8, sft_warmup_steps=20,
                            sft_warmup_cache=str(cache))
-    config["logging"] = {"progress_bar": False, "tensorboard": True, "plots": True}
+    config["logging"] = {"progress_bar": False, "trackers": ["tensorboard"], "plots": True}
     for section, values in changes.items():
         if section == "agents":
             config["agents"] = values
@@ -106,6 +106,17 @@ def test_a_run_writes_everything_a_user_reads(reference_run):
         assert (out / name).stat().st_size > 0, name
     assert any((out / "tensorboard").rglob("events.out.tfevents*"))
     assert (out / "checkpoints" / "latest").read_text().strip() == "step_00000003"
+    # the trackers the reference run lists (conftest.py) hold every number of metrics.jsonl, read back by their readers
+    from tests.reporting.test_trackers import (
+        expected_metrics, mlflow_client, mlflow_values, wandb_history, wandb_records,
+    )
+    expected = expected_metrics(out)
+    client = mlflow_client(out)
+    (tracked,) = client.search_runs([client.get_experiment_by_name("hacpo").experiment_id])
+    assert tracked.info.status == "FINISHED" and tracked.data.params["algorithm.name"] == "hacpo"
+    assert mlflow_values(client, tracked.info.run_id, {key for _, key in expected}) == pytest.approx(expected)
+    (wandb_file,) = (out / "wandb").glob("offline-run-*/run-*.wandb")
+    assert wandb_history(wandb_records(wandb_file)) == pytest.approx(expected)
 
 
 def test_engine_log_probs_replace_the_old_log_prob_pass_after_the_first_step(reference_run, tmp_path, cache):

@@ -24,11 +24,11 @@ def test_sigterm_then_a_kill_then_resume_give_the_same_metrics(reference_run, tm
     """One run stopped twice, as a preempted job on a flaky cluster is: SIGTERM during step 2 (the step is
     finished and saved), `--resume`, then every process SIGKILLed after step 3 was logged but before its
     checkpoint (a crash: the log holds a step that no checkpoint has), `--resume` again: the metrics of the
-    uninterrupted reference run, every step logged once."""
+    uninterrupted reference run, every step logged once, and one MLflow run continued by both resumes."""
     out = tmp_path / "run"
     # A checkpoint after every step: the one the signal asks for is not the first, so megatron's checkpoint
     # writer already has its helper process, which the signal reaches too (it used to kill it).
-    config = small_config(tmp_path, cache, checkpoint={"save_every": 1})
+    config = small_config(tmp_path, cache, checkpoint={"save_every": 1}, logging={"trackers": ["mlflow"]})
     latest = out / "checkpoints" / "latest"
     proc = launch(config, out)
     try:
@@ -61,6 +61,13 @@ def test_sigterm_then_a_kill_then_resume_give_the_same_metrics(reference_run, tm
     assert latest.read_text().strip() == "step_00000002", "killed too late: step 3 was already saved"
     run(config, out, "--resume")
     assert comparable(metrics(out)) == comparable(metrics(reference_run))
+    from tests.reporting.test_trackers import expected_metrics, mlflow_client, mlflow_values
+
+    client = mlflow_client(out)
+    (tracked,) = client.search_runs([client.get_experiment_by_name("hacpo").experiment_id])
+    assert tracked.info.status == "FINISHED"
+    expected = expected_metrics(out)  # the redone step 3 was logged twice, with the same numbers
+    assert mlflow_values(client, tracked.info.run_id, {key for _, key in expected}) == pytest.approx(expected)
 
 
 def test_dead_engines_and_a_dead_reward_actor_are_restarted_and_their_work_redone(reference_run, tmp_path, cache):

@@ -63,3 +63,14 @@ def test_an_engine_whose_package_is_missing_is_named_with_what_to_install(tmp_pa
         check_inputs(config("agents.1.engine=vllm"), output_dir=str(tmp_path), resume=False)
     assert len(error.value.problems) == 1
     assert error.value.problems[0].startswith("agents.1 (b).engine: vLLM is not installed") and "make setup-vllm" in str(error.value)
+
+
+def test_a_tracker_whose_package_is_missing_is_named_with_its_install_line(tmp_path, monkeypatch):
+    import importlib.util
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "mlflow" else real_find_spec(name, *a))
+    with pytest.raises(InputError) as error:
+        check_inputs(config("logging.trackers=[tensorboard, mlflow]"), output_dir=str(tmp_path), resume=False)
+    assert error.value.problems == ["logging.trackers: tracker 'mlflow' needs mlflow, not installed here: "
+                                    "pip install '.[mlflow]'"]

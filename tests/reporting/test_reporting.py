@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from hacpo_megatron.training.reporting import (
+from hacpo_megatron.reporting import (
     REQUIRED_KEYS, TIME_KEYS, MetricsError, RunReporter, load_run, read_metrics, summarize_agent,
 )
 
@@ -33,9 +33,9 @@ def make_record(agent, step, **overrides):
 
 
 def write_run(run_dir, *, steps=range(STEPS), start_step=0, agents=AGENTS, evals=EVAL_STEPS, plots=False,
-              tensorboard=False, nan_at=None, reward_offset=0.0):
-    reporter = RunReporter(run_dir, agents, total_steps=STEPS, tensorboard=tensorboard, plots=plots,
-                           progress_bar=False, start_step=start_step)
+              trackers=(), nan_at=None, reward_offset=0.0, **reporter_options):
+    reporter = RunReporter(run_dir, agents, total_steps=STEPS, trackers=trackers, plots=plots, progress_bar=False,
+                           start_step=start_step, **reporter_options)
     for step in steps:
         records = [make_record(a, step, reward_mean=reward(a, step) + reward_offset) for a in agents]
         if step == nan_at:
@@ -68,7 +68,7 @@ def test_metrics_jsonl_is_valid_json_lines_with_null_for_nan(tmp_path):
 
 
 def test_tensorboard_scalars_are_tagged_agent_slash_metric(tmp_path):
-    write_run(tmp_path, tensorboard=True)
+    write_run(tmp_path, trackers=("tensorboard",))
     events = glob.glob(str(tmp_path / "tensorboard" / "events.out.tfevents.*"))
     assert events
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -124,7 +124,7 @@ def test_summary_numbers(tmp_path):
 
 
 def test_summary_shows_the_updates_model_flops_and_mfu(tmp_path):
-    reporter = RunReporter(tmp_path, AGENTS, total_steps=2, tensorboard=False, plots=False, progress_bar=False)
+    reporter = RunReporter(tmp_path, AGENTS, total_steps=2, trackers=(), plots=False, progress_bar=False)
     for step, (flops, mfu) in enumerate([(2e9, 0.2), (4e9, 0.4)]):
         reporter.log_step(step, [make_record("qwen3-tiny", step, **{"perf/model_flops_per_s": flops, "perf/mfu": mfu}),
                                  make_record("llama-tiny", step)])  # a run without the figures: n/a
@@ -151,7 +151,7 @@ def test_resume_truncates_steps_from_start_step(tmp_path):
 
 
 def test_missing_key_names_the_key_and_agent(tmp_path):
-    reporter = RunReporter(tmp_path, AGENTS, total_steps=1, tensorboard=False, plots=False, progress_bar=False)
+    reporter = RunReporter(tmp_path, AGENTS, total_steps=1, trackers=(), plots=False, progress_bar=False)
     broken = make_record("llama-tiny", 0)
     del broken["time/bridge"]
     with pytest.raises(MetricsError, match=r"'llama-tiny'.*'time/bridge'"):
@@ -189,7 +189,7 @@ def test_plot_metrics_tool_redraws_from_jsonl(tmp_path):
 def test_eval_accuracy_in_step_records_and_numpy_values(tmp_path):
     import numpy as np
 
-    reporter = RunReporter(tmp_path, ["a"], total_steps=2, tensorboard=False, plots=False, progress_bar=False)
+    reporter = RunReporter(tmp_path, ["a"], total_steps=2, trackers=(), plots=False, progress_bar=False)
     reporter.log_step(0, [make_record("a", 0, **{"eval/accuracy": np.float32(0.25), "weight_sync/bytes": np.int64(7)})])
     reporter.log_step(1, [make_record("a", 1, **{"reward": {"timeout": 2}})])
     reporter.close()
