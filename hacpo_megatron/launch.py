@@ -23,7 +23,14 @@ ENTRY = os.path.join(REPO, "examples", "hacpo_pretrain_style.py")
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     """The main job's command line (the same for this launcher and for the entry under torchrun)."""
-    parser = argparse.ArgumentParser(description="HACPO training of several Megatron-core agents")
+    parser = argparse.ArgumentParser(
+        description="HACPO training of several Megatron-core agents", formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="""run.mode (--set run.mode=MODE), to run, time and fix rollout and training apart:
+  train          the algorithm (default); --save-rollouts DIR also keeps every step's answers and rewards
+  rollout_only   engines and rewards only, no update (the initial weights throughout); with --save-rollouts
+                 DIR its answers, engine log-probs and rewards, per step and agent
+  train_only     no engine and no Ray: train on the steps saved in --load-rollouts DIR, e.g. to replay a bad
+                 step (saved by a run with the same data, seed and batch sizes: checked); no held-out evaluation""")
     parser.add_argument("--config", default=DEFAULT_CONFIG, help="YAML config (default: configs/default.yaml)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override any config key, e.g. --set algorithm.alpha=3")
@@ -31,10 +38,16 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser.add_argument("--resume", action="store_true", help="continue from the latest intact checkpoint")
     parser.add_argument("--ray-address", default=None, help="join this Ray cluster instead of starting one")
     parser.add_argument("--check-weights", action="store_true", help="verify engine weights after every sync")
+    parser.add_argument("--save-rollouts", default=None, metavar="DIR",
+                        help="write every step's answers, engine log-probs and rewards, per agent, into DIR "
+                             "(run.mode train or rollout_only)")
+    parser.add_argument("--load-rollouts", default=None, metavar="DIR",
+                        help="run.mode train_only: train on the steps saved in DIR, with no engine and no Ray")
     parser.add_argument("--kill-engine-at-step", type=int, default=None, help=argparse.SUPPRESS)  # tests
     parser.add_argument("--kill-reward-at-step", type=int, default=None, help=argparse.SUPPRESS)  # tests
     parser.add_argument("--kill-engine-in-sync-at-step", type=int, default=None, help=argparse.SUPPRESS)  # tests
     parser.add_argument("--kill-engine-before-step", type=int, default=None, help=argparse.SUPPRESS)  # tests
+    parser.add_argument("--leak-mib-per-step", type=int, default=0, help=argparse.SUPPRESS)  # tools/soak.py's test
     return parser.parse_args(argv)
 
 
@@ -67,7 +80,8 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     try:
         cfg = load_config(args.config, args.overrides)
-        check_inputs(cfg, output_dir=output_dir_of(args, cfg), resume=args.resume)
+        check_inputs(cfg, output_dir=output_dir_of(args, cfg), resume=args.resume, save_rollouts=args.save_rollouts,
+                     load_rollouts=args.load_rollouts)
     except (ConfigError, InputError) as error:
         print(f"error: {error}", file=sys.stderr, flush=True)
         return INPUT_ERROR_EXIT_CODE

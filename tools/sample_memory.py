@@ -19,7 +19,7 @@ import time
 import psutil
 
 KINDS = ("VLLM::EngineCore", "VLLM::Worker", "ray::EngineActor", "ray::RewardActor", "ray::", "raylet", "gcs_server",
-         "examples/hacpo_pretrain_style.py", "hacpo_megatron.launch", "torchrun")
+         "torch.distributed.run", "torchrun", "examples/hacpo_pretrain_style.py", "hacpo_megatron.launch")
 
 
 def describe(process: psutil.Process, kinds) -> tuple:

@@ -228,3 +228,19 @@ def _read_token(token_file: str, rank: int) -> str:
             "Without --ray-address rank 0 starts Ray on its own machine, bound to 127.0.0.1, and every "
             "rank must run on that machine; on several machines start a Ray cluster and pass "
             "--ray-address (README)") from None
+
+
+def object_store_stats() -> Dict[str, float]:
+    """The Ray cluster's object store as this driver sees it, for each step's record (a leak of objects shows as
+    `ray/object_store_bytes` that does not come back down; spilling as `ray/spilled_bytes_total`). {} where it
+    cannot be read: a metric never stops a run."""
+    try:
+        from ray._private.internal_api import get_memory_info_reply
+        from ray._private.state import state
+
+        stats = get_memory_info_reply(state, timeout_seconds=10.0).store_stats
+    except Exception:  # noqa: BLE001 (an old Ray, a raylet that is restarting: no figure this step)
+        return {}
+    return {"ray/object_store_bytes": float(stats.object_store_bytes_used),
+            "ray/object_store_objects": float(stats.num_local_objects),
+            "ray/spilled_bytes_total": float(stats.spilled_bytes_total)}

@@ -26,7 +26,10 @@ LOSSES = "weight_sync/engine_losses"
 
 
 def push_weights(agents: Any, k: int, check: bool) -> Dict[str, float]:
-    """Agent k's weights to its engine (every rank of k calls it); `check`: verify them after."""
+    """Agent k's weights to its engine (every rank of k calls it); `check`: verify them after. Nothing to
+    do where no engine runs (run.mode train_only)."""
+    if not agents.engines_running:
+        return {}
     metrics = sync_weights(agents.trainers[k].ddp_model.module, agents.hf_configs[k], agents.parallel[k],
                            agents.senders.get(k), check=check)
     if metrics.check is not None and not metrics.check.equal:
@@ -36,6 +39,8 @@ def push_weights(agents: Any, k: int, check: bool) -> Dict[str, float]:
 
 def push_all_weights(agents: Any, check: bool, only: Optional[Sequence[int]] = None) -> None:
     """Every hosted agent's weights to its engine; `only`: engines that were just restarted. Collective."""
+    if not agents.engines_running:
+        return
     pushed = {}
     for k in agents.trainers:
         if only is None or k in only:
@@ -49,6 +54,8 @@ def resend_to_lost_engines(agents: Any, check: bool, pushed: Dict[int, Dict[str,
     """Push again to every engine that died during its push in `pushed` ({agent: its metrics}, this
     rank's agents), until each has its weights. Collective. `pushed[k]` ends with the delivering
     push's figures and the count of the engine's losses on the way."""
+    if not agents.engines_running:
+        return
     lost_here = {k for k, m in pushed.items() if m[LOSSES]}
     for attempt in range(ENGINE_RETRIES + 1):
         lost = _union_over_ranks(lost_here)
@@ -75,6 +82,8 @@ def restore_restarted_engines(agents: Any, check: bool) -> None:
     """Push again to every engine that holds no weights: Ray restarted it after its last push (its
     memory monitor ends engines when the node runs short), and its calls now reach a new process.
     Collective: rank 0 asks every engine actor, then the agents' ranks push together."""
+    if not agents.engines_running:
+        return
     missing = [None]
     if dist.get_rank() == 0:
         missing = [[k for k in range(len(agents.configs)) if not call_with_restarts(agents.engines[k], "holds_weights")]]

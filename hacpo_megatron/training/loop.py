@@ -13,6 +13,8 @@
 
 Agents sharing ranks run their phases one after another (time-sharing); agents on disjoint ranks
 run theirs at the same time. Rank 0 is the driver of everything that is not per agent.
+Debug modes (run.mode): rollout_only skips 5-7; train_only starts no engine and reads 2-3 from the folder
+an earlier run wrote with --save-rollouts (rollout/replay.py).
 """
 from __future__ import annotations
 
@@ -36,14 +38,16 @@ from hacpo_megatron.models.build import AgentModel
 from hacpo_megatron.models.presets import load_hf_config_dict
 from hacpo_megatron.orchestrator.actors import call_with_restarts
 from hacpo_megatron.orchestrator.preemption import Preempted, PreemptionGuard
-from hacpo_megatron.orchestrator.ray_runtime import RayRuntime
+from hacpo_megatron.orchestrator.ray_runtime import RayRuntime, object_store_stats
 from hacpo_megatron.orchestrator.startup import start_actors
 from hacpo_megatron.orchestrator.weight_delivery import (
     ENGINE_RETRIES, push_all_weights, push_weights, resend_to_lost_engines, restore_restarted_engines,
 )
 from hacpo_megatron.parallel.groups import AgentParallel, create_agent_groups, init_distributed
 from hacpo_megatron.parallel.layout import required_world_size
+from hacpo_megatron.reporting.records import REQUIRED_KEYS
 from hacpo_megatron.rollout.base import EngineWithoutWeights, SamplingParams
+from hacpo_megatron.rollout.replay import load_step, save_step
 from hacpo_megatron.rollout.weight_sync import engine_rank
 from hacpo_megatron.training import checkpointing
 from hacpo_megatron.training.batch import UpdateSchedule, mini_batches
@@ -68,6 +72,9 @@ class RunOptions:
     kill_engine_in_sync_at_step: Optional[int] = None  # ... or agent 0's engine amid that step's weight push
     kill_engine_before_step: Optional[int] = None  # ... or before the step begins, unseen (as Ray's memory monitor)
     weight_check: bool = False  # verify engine weights after every sync
+    leak_mib_per_step: int = 0  # tests of tools/soak.py: rank 0 keeps every step's rollouts and this much more alive
+    save_rollouts: Optional[str] = None  # write every step's answers and rewards here (rollout/replay.py)
+    load_rollouts: Optional[str] = None  # run.mode train_only: read them from here instead of any engine
 
 
 @dataclass
@@ -83,6 +90,7 @@ class Agents:
     engines: Dict[int, Any] = field(default_factory=dict)  # EngineActor handles (rank 0 and engine ranks)
     senders: Dict[int, Any] = field(default_factory=dict)  # weight transport to k's engine (k's engine rank)
     engine_logprobs_checked: bool = False  # rollout.old_logprobs=engine: the trainer's pass has vouched for them
+    engines_running: bool = True  # False in run.mode train_only: no engine, no weight push (weight_delivery.py)
 
     @property
     def names(self) -> List[str]:
@@ -90,7 +98,8 @@ class Agents:
 
 
 def run_hacpo(cfg: Config, options: RunOptions, model_provider: ModelProvider) -> None:
-    check_inputs(cfg, output_dir=options.output_dir, resume=options.resume)  # InputError before any work
+    check_inputs(cfg, output_dir=options.output_dir, resume=options.resume,  # InputError before any work
+                 save_rollouts=options.save_rollouts, load_rollouts=options.load_rollouts)
     init_distributed()
     rank, world = dist.get_rank(), dist.get_world_size()
     if cfg.train.cpu_threads and not torch.cuda.is_available():
@@ -117,10 +126,17 @@ def run_hacpo(cfg: Config, options: RunOptions, model_provider: ModelProvider) -
                 agents.references[k] = model_provider(agent_cfg, parallel, agents.hf_configs[k], cfg.run.seed + k)
 
     checkpointing.save_tokenizers(options.output_dir, agents)
-    runtime = RayRuntime.connect(options.ray_address)
-    agents.engines, agents.senders, reward_actor = start_actors(
-        cfg, agents.parallel, agents.hf_configs, [_tokenizer_name(a) for a in cfg.agents], rank, options.output_dir)
+    runtime, reward_actor = None, None
+    agents.engines_running = cfg.run.mode != "train_only"  # train_only: answers and rewards from --load-rollouts
+    if agents.engines_running:
+        runtime = RayRuntime.connect(options.ray_address)
+        agents.engines, agents.senders, reward_actor = start_actors(
+            cfg, agents.parallel, agents.hf_configs, [_tokenizer_name(a) for a in cfg.agents], rank, options.output_dir)
     train_set, eval_set = _load_data(cfg, agents, options)
+    if not agents.engines_running and eval_set:
+        eval_set = []  # no engine to answer the held-out problems
+        if rank == 0:
+            print("run.mode train_only: no held-out evaluation (no engine to answer)", flush=True)
     sampler = PromptSampler(train_set, B, seed=cfg.run.seed, shuffle=cfg.data.shuffle)
     tracker = CapabilityTracker(n, cfg.algorithm.capability_window, reward_range=_reward_range(cfg))
 
@@ -162,12 +178,12 @@ def run_hacpo(cfg: Config, options: RunOptions, model_provider: ModelProvider) -
             if rank == 0 and reward_actor is not None:
                 ray.get(reward_actor.close.remote())
             dist.barrier()
-            if rank != 0:
+            if rank != 0 and runtime is not None:
                 runtime.shutdown()
             dist.barrier()
         # After an error no collective may run (the other ranks may be anywhere): leave Ray and
         # let the exception end this process, so that torchrun stops the others.
-        if rank == 0 or not finished:
+        if (rank == 0 or not finished) and runtime is not None:
             runtime.shutdown()
 
 
@@ -183,7 +199,92 @@ def _hacpo_step(step, cfg, spec, agents: Agents, sampler, tracker, reward_actor,
         _kill_actor(agents.engines[0])
     restore_restarted_engines(agents, options.weight_check)  # an engine Ray restarted since its last push
 
-    # 2-3. rollouts and rewards, driven by rank 0, then broadcast
+    # 2-3. rollouts and rewards (run.mode train_only: as saved by an earlier run)
+    if agents.engines_running:
+        rollouts, scores, reward_stats = _generate_and_score(step, cfg, agents, prompts, prompt_ids, reward_actor,
+                                                             options, G, times)
+    else:
+        t = time.perf_counter()
+        rollouts, scores, reward_stats = load_step(options.load_rollouts, step + 1, agents.names, prompts, G)
+        times.update({"time/rollout": time.perf_counter() - t, "time/reward": 0.0})
+    if options.save_rollouts and rank == 0:
+        save_step(options.save_rollouts, step + 1, agents.names, prompts, rollouts, scores, reward_stats)
+    if options.leak_mib_per_step and rank == 0:
+        _LEAKED.append((rollouts, np.ones(options.leak_mib_per_step << 20, dtype=np.uint8)))  # every page touched
+    rewards = rewards_tensor(scores, n, B, G)
+
+    # 4. capabilities and advantages
+    capabilities = tracker.update(rewards)
+    advantages = step_advantages(rewards, capabilities, spec, omega_clamp=_omega_clamp(cfg),
+                                 eps=cfg.algorithm.advantage_eps, reward_range=_reward_range(cfg))
+
+    # 5-7. old log-probs, then each hosted learner: bridge, train, push weights (run.mode rollout_only: none)
+    gaps, local = {}, {}
+    if cfg.run.mode != "rollout_only":
+        gaps, local = _train_learners(cfg, spec, agents, prompts, prompt_ids, rollouts, advantages, options, B, G, times)
+
+    # 8. metrics: each agent's output rank reports; rank 0 assembles one record per agent
+    reported = [None] * dist.get_world_size()
+    dist.all_gather_object(reported, {k: _reportable(m, agents.parallel[k]) for k, m in local.items()})
+    if rank != 0:
+        return []
+    per_agent: Dict[int, Dict[str, float]] = {k: {} for k in range(n)}
+    for part in reported:
+        for k, m in part.items():
+            per_agent[k].update(m)
+    records = []
+    untrained = {key: float("nan") for key in REQUIRED_KEYS} if cfg.run.mode == "rollout_only" else {}
+    store = object_store_stats() if agents.engines_running else {}  # at the step's end: back to its baseline?
+    for k in range(n):
+        record = {**untrained, "step": step + 1, "agent": agents.names[k], "reward_mean": float(rewards[k].mean()),
+                  **gaps.get(k, {}),
+                  "capability": float(capabilities[k]), **per_agent[k], **rollout_stats(rollouts[k]),
+                  **{f"omega_from/{agents.names[j]}": float(advantages.omega[j, k]) for j in range(n) if j != k},
+                  **{f"reward/{key}": float(v) for key, v in reward_stats.items() if isinstance(v, (int, float))},
+                  **store, **{key: v for key, v in times.items()}}
+        record["time/step"] = time.perf_counter() - t_step
+        records.append(record)
+    return records
+
+
+def _train_learners(cfg, spec, agents: Agents, prompts, prompt_ids, rollouts, advantages, options, B, G, times):
+    """Steps 5-7: ({k: engine/trainer log-prob gap}, {k: this rank's figures of hosted learner k's update})."""
+    # 5. old log-probs of own responses, shared with every rank: the trainer's pass, or the engine's own
+    #    (rollout.old_logprobs: engine) once that pass has found them close enough on the run's first step
+    t = time.perf_counter()
+    old, gaps = _behaviour_logprobs(cfg, spec, agents, prompt_ids, rollouts)
+    reference = {k: _agent_logprobs(agents.trainers[k], agents.references[k], own_sequences(prompt_ids[k], rollouts[k]))
+                 for k in agents.references}
+    times["time/logprob"] = time.perf_counter() - t
+
+    # 6-7. each hosted learner: bridge, train, push weights
+    local: Dict[int, Dict[str, float]] = {}
+    for k, trainer in agents.trainers.items():
+        t = time.perf_counter()
+        rows, bridge_stats = learner_rows(k, prompts=prompts, rollouts=rollouts, old=old, effective=advantages.effective,
+                                          trains_on=advantages.trains_on, tokenizers=agents.tokenizers,
+                                          prompt_ids=prompt_ids, ref_token_logp=reference.get(k))
+        if spec.cross_old_logprob == "learner":  # Naive: other agents' rows are rated like own ones
+            cross = [(r.prompt_ids, r.response_ids) for r in rows if r.is_cross]
+            rows = with_learner_old_logprobs(rows, _agent_logprobs(trainer, None, cross))
+        t_bridge = time.perf_counter() - t
+        t = time.perf_counter()
+        schedule = UpdateSchedule(B, G, sources=tuple(int(j) for j in advantages.trains_on[k].nonzero()),
+                                  rows_per_update=cfg.train.mini_batch_size * cfg.rollout.samples_per_prompt)
+        updates = trainer.train_step(mini_batches(rows, schedule))
+        t_train = time.perf_counter() - t
+        t = time.perf_counter()
+        sync = push_weights(agents, k, options.weight_check)
+        local[k] = {**_mean_over_updates(updates), **bridge_stats, **sync,
+                    "time/bridge": t_bridge, "time/train": t_train, "time/weight_sync": time.perf_counter() - t}
+    resend_to_lost_engines(agents, options.weight_check, local)  # an engine that died amid its push: sent again
+    return gaps, local
+
+
+def _generate_and_score(step, cfg, agents: Agents, prompts, prompt_ids, reward_actor, options, G, times):
+    """Steps 2-3: every agent's G answers per prompt and their rewards, driven by rank 0, then broadcast; an
+    engine that died is given its weights again and its answers redone."""
+    rank = dist.get_rank()
     payload = [None]
     if rank == 0:
         if options.kill_engine_at_step == step:
@@ -224,63 +325,7 @@ def _hacpo_step(step, cfg, spec, agents: Agents, sampler, tracker, reward_actor,
         payload = [(scores, reward_stats)]
     dist.broadcast_object_list(payload, src=0)
     scores, reward_stats = payload[0]
-    rewards = rewards_tensor(scores, n, B, G)
-
-    # 4. capabilities and advantages
-    capabilities = tracker.update(rewards)
-    advantages = step_advantages(rewards, capabilities, spec, omega_clamp=_omega_clamp(cfg),
-                                 eps=cfg.algorithm.advantage_eps, reward_range=_reward_range(cfg))
-
-    # 5. old log-probs of own responses, shared with every rank: the trainer's pass, or the engine's own
-    #    (rollout.old_logprobs: engine) once that pass has found them close enough on the run's first step
-    t = time.perf_counter()
-    old, gaps = _behaviour_logprobs(cfg, spec, agents, prompt_ids, rollouts)
-    reference = {k: _agent_logprobs(agents.trainers[k], agents.references[k], own_sequences(prompt_ids[k], rollouts[k]))
-                 for k in agents.references}
-    times["time/logprob"] = time.perf_counter() - t
-
-    # 6-7. each hosted learner: bridge, train, push weights
-    local: Dict[int, Dict[str, float]] = {}
-    for k, trainer in agents.trainers.items():
-        t = time.perf_counter()
-        rows, bridge_stats = learner_rows(k, prompts=prompts, rollouts=rollouts, old=old, effective=advantages.effective,
-                                          trains_on=advantages.trains_on, tokenizers=agents.tokenizers,
-                                          prompt_ids=prompt_ids, ref_token_logp=reference.get(k))
-        if spec.cross_old_logprob == "learner":  # Naive: other agents' rows are rated like own ones
-            cross = [(r.prompt_ids, r.response_ids) for r in rows if r.is_cross]
-            rows = with_learner_old_logprobs(rows, _agent_logprobs(trainer, None, cross))
-        t_bridge = time.perf_counter() - t
-        t = time.perf_counter()
-        schedule = UpdateSchedule(B, G, sources=tuple(int(j) for j in advantages.trains_on[k].nonzero()),
-                                  rows_per_update=cfg.train.mini_batch_size * cfg.rollout.samples_per_prompt)
-        updates = trainer.train_step(mini_batches(rows, schedule))
-        t_train = time.perf_counter() - t
-        t = time.perf_counter()
-        sync = push_weights(agents, k, options.weight_check)
-        local[k] = {**_mean_over_updates(updates), **bridge_stats, **sync,
-                    "time/bridge": t_bridge, "time/train": t_train, "time/weight_sync": time.perf_counter() - t}
-    resend_to_lost_engines(agents, options.weight_check, local)  # an engine that died amid its push: sent again
-
-    # 8. metrics: each agent's output rank reports; rank 0 assembles one record per agent
-    reported = [None] * dist.get_world_size()
-    dist.all_gather_object(reported, {k: _reportable(m, agents.parallel[k]) for k, m in local.items()})
-    if rank != 0:
-        return []
-    per_agent: Dict[int, Dict[str, float]] = {k: {} for k in range(n)}
-    for part in reported:
-        for k, m in part.items():
-            per_agent[k].update(m)
-    records = []
-    for k in range(n):
-        record = {"step": step + 1, "agent": agents.names[k], "reward_mean": float(rewards[k].mean()),
-                  **gaps.get(k, {}),
-                  "capability": float(capabilities[k]), **per_agent[k], **rollout_stats(rollouts[k]),
-                  **{f"omega_from/{agents.names[j]}": float(advantages.omega[j, k]) for j in range(n) if j != k},
-                  **{f"reward/{key}": float(v) for key, v in reward_stats.items() if isinstance(v, (int, float))},
-                  **{key: v for key, v in times.items()}}
-        record["time/step"] = time.perf_counter() - t_step
-        records.append(record)
-    return records
+    return rollouts, scores, reward_stats
 
 
 def _reportable(metrics: Dict[str, float], parallel: AgentParallel) -> Dict[str, float]:
@@ -429,6 +474,9 @@ def _load_data(cfg: Config, agents: Agents, options: RunOptions):
 
 def _checkpoint_due(cfg: Config, done: int) -> bool:
     return bool(cfg.checkpoint.save_every and done % cfg.checkpoint.save_every == 0) or done == cfg.run.total_steps
+
+
+_LEAKED: List[Any] = []  # RunOptions.leak_mib_per_step: a leak the soak tool's test must find
 
 
 def _kill_actor(handle) -> None:

@@ -8,7 +8,7 @@ in a collective. Errors are collected, so one run reports all of them.
 from __future__ import annotations
 
 import os
-from typing import List
+from typing import List, Optional
 
 from hacpo_megatron.config import Config
 
@@ -24,13 +24,15 @@ class InputError(Exception):
         super().__init__("\n  ".join([head] + (self.problems if len(self.problems) > 1 else [])))
 
 
-def check_inputs(cfg: Config, *, output_dir: str, resume: bool) -> None:
+def check_inputs(cfg: Config, *, output_dir: str, resume: bool, save_rollouts: Optional[str] = None,
+                 load_rollouts: Optional[str] = None) -> None:
     """Raise InputError naming every problem found; return quietly when the inputs are usable.
 
     Files first (data, model folders, checkpoints: a second or two), tokenizers only when those are
     fine (loading them takes seconds): a wrong path is reported at once.
     """
-    problems = _file_problems(cfg, output_dir, resume) or _tokenizer_problems(cfg)
+    problems = (_mode_problems(cfg, save_rollouts, load_rollouts) + _file_problems(cfg, output_dir, resume)
+                or _tokenizer_problems(cfg))
     if problems:
         raise InputError(problems)
 
@@ -58,7 +60,7 @@ def _file_problems(cfg: Config, output_dir: str, resume: bool) -> List[str]:
         if cfg.train.sft_warmup_steps > 0 and agent.sft_warmup_task:
             _attempt(problems, f"agents.{k} ({agent.name}).sft_warmup_task",
                      lambda spec=agent.sft_warmup_task: load_prompts(spec, "train"))
-        if agent.engine != "embedded":
+        if agent.engine != "embedded" and cfg.run.mode != "train_only":
             _attempt(problems, f"agents.{k} ({agent.name}).engine", lambda kind=agent.engine: _check_engine_installed(kind))
     problems += [f"logging.trackers: {problem}" for problem in tracker_install_problems(cfg.logging.trackers)]
     if resume:
@@ -68,6 +70,28 @@ def _file_problems(cfg: Config, output_dir: str, resume: bool) -> List[str]:
         if not (os.path.isdir(root) and resume_candidates(root)):
             problems.append(f"--resume: {root}: no checkpoint saved yet; start without --resume")
     return problems
+
+
+def _mode_problems(cfg: Config, save_rollouts: Optional[str], load_rollouts: Optional[str]) -> List[str]:
+    """run.mode and the rollout folders fit together; train_only finds every step it will train on."""
+    from hacpo_megatron.rollout.replay import missing_steps
+
+    mode = cfg.run.mode
+    if mode == "train_only" and not load_rollouts:
+        return ["run.mode train_only trains on saved answers: give --load-rollouts DIR (saved by --save-rollouts)"]
+    if load_rollouts and mode != "train_only":
+        return [f"--load-rollouts: only run.mode train_only reads saved answers (run.mode is {mode})"]
+    if save_rollouts and mode == "train_only":
+        return ["--save-rollouts: run.mode train_only generates no answers to save"]
+    if save_rollouts and os.path.exists(save_rollouts) and not os.path.isdir(save_rollouts):
+        return [f"--save-rollouts {save_rollouts}: a file is in the way of the folder"]
+    if mode == "train_only":
+        missing = missing_steps(load_rollouts, [a.name for a in cfg.agents], range(1, cfg.run.total_steps + 1))
+        if missing:
+            more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+            return [f"--load-rollouts: {missing[0]} is missing{more}; run.total_steps={cfg.run.total_steps} needs "
+                    f"every step's step.json and one file per agent ({', '.join(a.name for a in cfg.agents)})"]
+    return []
 
 
 def _check_engine_installed(kind: str) -> None:

@@ -11,8 +11,10 @@ def cache(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def reference_run(tmp_path_factory, cache):
-    """The small default run, 3 steps, a checkpoint after every step, nothing interrupted, every tracker on."""
+    """The small default run, 3 steps, a checkpoint after every step, nothing interrupted, every tracker on; its
+    answers and rewards saved in ../rollouts (--save-rollouts, for the train_only replay)."""
     out = tmp_path_factory.mktemp("reference") / "run"
     run(small_config(out.parent, cache, checkpoint={"save_every": 1},
-                     logging={"trackers": ["tensorboard", "mlflow", "wandb"]}), out)
+                     logging={"trackers": ["tensorboard", "mlflow", "wandb"]}), out,
+        "--save-rollouts", str(out.parent / "rollouts"))
     return out

@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parents[2]
 TORCHRUN = Path(sys.executable).with_name("torchrun")
 ENTRY = REPO / "examples" / "hacpo_pretrain_style.py"
 IGNORED = ("time/", "perf/", "timestamp", "weight_sync/seconds", "weight_sync/engine_seconds", "weight_sync/check_seconds",
-           "weight_sync/bytes_per_second", "reward/seconds", "reward/answers_per_s")
+           "weight_sync/bytes_per_second", "reward/seconds", "reward/answers_per_s", "ray/")
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
@@ -117,6 +117,46 @@ def test_a_run_writes_everything_a_user_reads(reference_run):
     assert mlflow_values(client, tracked.info.run_id, {key for _, key in expected}) == pytest.approx(expected)
     (wandb_file,) = (out / "wandb").glob("offline-run-*/run-*.wandb")
     assert wandb_history(wandb_records(wandb_file)) == pytest.approx(expected)
+
+
+def test_train_only_replays_the_saved_steps_to_the_same_training_metrics(reference_run, tmp_path, cache):
+    """run.mode train_only on the answers and rewards the reference run saved: no engine, no Ray, no held-out
+    evaluation, and every training figure of the uninterrupted run."""
+    out = tmp_path / "run"
+    output = run(small_config(tmp_path, cache, run={"mode": "train_only"}), out,
+                 "--load-rollouts", str(reference_run.parent / "rollouts"))
+    assert "Started a local Ray instance" not in output and "no held-out evaluation" in output
+
+    def trained(records):
+        return [{k: v for k, v in r.items() if not k.startswith("weight_sync/")}
+                for r in comparable(records) if r["kind"] == "train"]
+
+    ours = metrics(out)
+    assert not [r for r in ours if r["kind"] == "eval"]
+    assert trained(ours) == trained(metrics(reference_run)) and len(trained(ours)) == 6
+
+
+def test_rollout_only_generates_and_scores_with_no_update(reference_run, tmp_path, cache):
+    """run.mode rollout_only: engines and rewards, no update. Its first step's saved answers are the reference
+    run's (the same weights and sampling seed); the weights never change, so held-out accuracy at the end (sampled
+    with the same seed at every evaluation) equals that at step 0."""
+    out, saved = tmp_path / "run", tmp_path / "rollouts"
+    run(small_config(tmp_path, cache, run={"mode": "rollout_only", "total_steps": 2}, data={"eval_every": 2}), out,
+        "--save-rollouts", str(saved))
+    records = metrics(out)
+    train = [r for r in records if r["kind"] == "train"]
+    assert len(train) == 4 and all(r["loss"] is None and r["grad_norm"] is None for r in train)
+    assert all(0 <= r["reward_mean"] <= 1 and r["response_length_mean"] > 0 for r in train)
+    evals = {(r["step"], r["agent"]): r["eval/accuracy"] for r in records if r["kind"] == "eval"}
+    assert {step for step, _ in evals} == {0, 2}
+    assert all(evals[(2, agent)] == evals[(0, agent)] for _, agent in evals)
+    for name in ("qwen3-tiny.json", "llama-tiny.json", "step.json"):
+        ours = json.loads((saved / "step_000001" / name).read_text())
+        reference = json.loads((reference_run.parent / "rollouts" / "step_000001" / name).read_text())
+        if name == "step.json":
+            ours, reference = ours["agents"], reference["agents"]  # reward_stats hold the scoring's timings
+        assert ours == reference, name
+    assert sorted(p.name for p in saved.iterdir()) == ["step_000001", "step_000002"]
 
 
 def test_engine_log_probs_replace_the_old_log_prob_pass_after_the_first_step(reference_run, tmp_path, cache):

@@ -74,3 +74,23 @@ def test_a_tracker_whose_package_is_missing_is_named_with_its_install_line(tmp_p
         check_inputs(config("logging.trackers=[tensorboard, mlflow]"), output_dir=str(tmp_path), resume=False)
     assert error.value.problems == ["logging.trackers: tracker 'mlflow' needs mlflow, not installed here: "
                                     "pip install '.[mlflow]'"]
+
+
+def test_debug_modes_and_their_rollout_folders_must_fit(tmp_path):
+    def problems(overrides="", **folders):
+        with pytest.raises(InputError) as error:
+            check_inputs(config(overrides) if overrides else config(), output_dir=str(tmp_path), resume=False, **folders)
+        return error.value.problems
+
+    assert problems("run.mode=train_only") == [
+        "run.mode train_only trains on saved answers: give --load-rollouts DIR (saved by --save-rollouts)"]
+    assert problems(load_rollouts=str(tmp_path)) == [
+        "--load-rollouts: only run.mode train_only reads saved answers (run.mode is train)"]
+    assert problems("run.mode=train_only", load_rollouts=str(tmp_path), save_rollouts=str(tmp_path / "s")) == [
+        "--save-rollouts: run.mode train_only generates no answers to save"]
+    (tmp_path / "file").write_text("")
+    assert problems(save_rollouts=str(tmp_path / "file")) == [f"--save-rollouts {tmp_path / 'file'}: a file is in the way of the folder"]
+    (tmp_path / "saved" / "step_000001").mkdir(parents=True)
+    (found,) = problems("run.mode=train_only", load_rollouts=str(tmp_path / "saved"))
+    assert found.startswith(f"--load-rollouts: {tmp_path / 'saved' / 'step_000001' / 'step.json'} is missing (and ")
+    assert "run.total_steps=" in found and "one file per agent (a, b)" in found

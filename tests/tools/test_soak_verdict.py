@@ -1,0 +1,68 @@
+"""tools/soak.py's verdict on hand-made samples: a series growing past its bound is named, a flat one is not."""
+import csv
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
+import soak  # noqa: E402
+
+MIB = 1 << 20
+
+
+def rows(steps=range(1, 21), rank_leak_mib=0.0, engine_fds=lambda step: 40):
+    """Two samples per step: both ranks (one kind), an engine, the checkpoints folder."""
+    out = []
+    for step in steps:
+        for sample in range(2):
+            t = step * 10 + sample
+            for pid, rank in ((11, "0"), (12, "1")):
+                rss = (500 + (rank_leak_mib * step if rank == "0" else 0)) * MIB + sample * 4096  # noise inside a step
+                out.append({"time": t, "step": step, "pid": pid, "kind": "examples/hacpo_pretrain_style.py",
+                            "rank": rank, "rss_bytes": rss, "fds": 30, "threads": 8, "children": 0})
+            out.append({"time": t, "step": step, "pid": 21, "kind": "ray::EngineActor", "rank": "",
+                        "rss_bytes": 800 * MIB, "fds": engine_fds(step), "threads": 20, "children": 1})
+            out.append({"time": t, "step": step, "pid": 0, "kind": soak.CHECKPOINTS, "rank": "",
+                        "rss_bytes": 2 * 300 * MIB, "fds": "", "threads": "", "children": ""})
+    return [{k: str(v) for k, v in r.items()} for r in out]
+
+
+def verdicts(found):
+    return {(x.kind, x.quantity): x.ok for x in found}
+
+
+def test_flat_series_pass_and_a_leak_is_named_with_its_slope():
+    assert all(verdicts(soak.findings(rows(), {})).values())
+    found = soak.findings(rows(rank_leak_mib=0.05), {})  # 5 MiB per 100 steps, both ranks' sum
+    (leak,) = [x for x in found if not x.ok]
+    assert (leak.kind, leak.quantity) == ("examples/hacpo_pretrain_style.py", "rss_bytes")
+    assert leak.value == pytest.approx(5.0)
+    assert soak.findings(rows(rank_leak_mib=0.005), {})[0].ok  # 0.5 MiB per 100 steps: under the bound
+
+
+def test_only_the_second_half_is_judged():
+    warming = lambda step: 40 if step > 10 else 20 + 2 * step  # descriptors opened while starting, then flat
+    assert verdicts(soak.findings(rows(engine_fds=warming), {}))[("ray::EngineActor", "fds")]
+    leaking = lambda step: 40 + (step > 10) * step  # one more descriptor every step of the second half
+    assert not verdicts(soak.findings(rows(engine_fds=leaking), {}))[("ray::EngineActor", "fds")]
+
+
+def test_the_object_store_must_come_back_to_step_one_at_every_step_end():
+    flat = {s: {"ray/object_store_bytes": 1000.0, "ray/spilled_bytes_total": 0.0} for s in range(1, 21)}
+    assert verdicts(soak.findings(rows(), flat))[("ray", "object_store_bytes")]
+    kept = {s: {"ray/object_store_bytes": 1000.0 + (s == 15) * 3 * MIB, "ray/spilled_bytes_total": 0.0}
+            for s in range(1, 21)}  # one step's objects outlived it
+    assert not verdicts(soak.findings(rows(), kept))[("ray", "object_store_bytes")]
+
+
+def test_verdict_file_and_exit_code(tmp_path):
+    with open(tmp_path / soak.SAMPLES_FILE, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=soak.FIELDS)
+        writer.writeheader()
+        writer.writerows(rows(rank_leak_mib=1.0))
+    assert soak.main(["--out", str(tmp_path), "--verdict-only"]) == 1
+    verdict = (tmp_path / soak.VERDICT_FILE).read_text()
+    assert "**1 growing**: examples/hacpo_pretrain_style.py rss_bytes" in verdict
+    assert (tmp_path / "rss_bytes.png").stat().st_size > 10_000 and (tmp_path / "storage.png").is_file()
+    assert soak.main(["--out", str(tmp_path / "none"), "--verdict-only"]) == 2
