@@ -24,11 +24,12 @@ ENTRY = os.path.join(REPO, "examples", "hacpo_pretrain_style.py")
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     """The main job's command line (the same for this launcher and for the entry under torchrun)."""
     parser = argparse.ArgumentParser(
-        description="HACPO training of several Megatron-core agents", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="HACPO training of several Megatron-core agents",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="""run.mode (--set run.mode=MODE), to run, time and fix rollout and training apart:
   train          the algorithm (default); --save-rollouts DIR also keeps every step's answers and rewards
-  rollout_only   engines and rewards only, no update (the initial weights throughout); with --save-rollouts
-                 DIR its answers, engine log-probs and rewards, per step and agent
+  rollout_only   engines and rewards only, no learner (the initial weights throughout, no checkpoint);
+                 with --save-rollouts DIR its answers, engine log-probs and rewards, per step and agent
   train_only     no engine and no Ray: train on the steps saved in --load-rollouts DIR, e.g. to replay a bad
                  step (saved by a run with the same data, seed and batch sizes: checked); no held-out evaluation""")
     parser.add_argument("--config", default=DEFAULT_CONFIG, help="YAML config (default: configs/default.yaml)")

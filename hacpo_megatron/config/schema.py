@@ -15,7 +15,7 @@ class RunConfig:
     output_dir: Optional[str] = None  # default: runs/<name>
     total_steps: int = 100
     device: Literal["auto", "cpu", "cuda"] = "auto"  # auto: cuda when available
-    # debug modes (rollout/replay.py): train (the algorithm); rollout_only (engines and rewards, no update: time
+    # debug modes (rollout/replay.py): train (the algorithm); rollout_only (engines and rewards, no learner: time
     # the rollout, save its answers with --save-rollouts DIR); train_only (no engine, no Ray: train on the answers
     # and rewards an earlier run saved, --load-rollouts DIR, e.g. to replay and debug a bad step)
     mode: Literal["train", "rollout_only", "train_only"] = "train"

@@ -41,11 +41,12 @@ def signal_blocked(sig: int) -> Iterator[None]:
 
 
 class Preempted(Exception):
-    """The run stopped on a signal after saving the checkpoint of `step`."""
+    """The run stopped on a signal after saving the checkpoint of `step` (None: a run that keeps none)."""
 
-    def __init__(self, signal_name: str, step: int, checkpoint: str):
+    def __init__(self, signal_name: str, step: int, checkpoint: Optional[str]):
         super().__init__(f"stopped by {signal_name} after step {step}; checkpoint {checkpoint} is complete: "
-                         f"run the same command with --resume to continue")
+                         f"run the same command with --resume to continue" if checkpoint else
+                         f"stopped by {signal_name} after step {step} (run.mode rollout_only keeps no checkpoint)")
         self.step = step
 
 

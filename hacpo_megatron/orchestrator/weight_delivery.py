@@ -30,7 +30,7 @@ def push_weights(agents: Any, k: int, check: bool) -> Dict[str, float]:
     do where no engine runs (run.mode train_only)."""
     if not agents.engines_running:
         return {}
-    metrics = sync_weights(agents.trainers[k].ddp_model.module, agents.hf_configs[k], agents.parallel[k],
+    metrics = sync_weights(agents.policy(k), agents.hf_configs[k], agents.parallel[k],
                            agents.senders.get(k), check=check)
     if metrics.check is not None and not metrics.check.equal:
         raise RuntimeError(f"agent {agents.names[k]}: engine weights differ after sync: {metrics.check.mismatched[:5]}")
@@ -42,7 +42,7 @@ def push_all_weights(agents: Any, check: bool, only: Optional[Sequence[int]] = N
     if not agents.engines_running:
         return
     pushed = {}
-    for k in agents.trainers:
+    for k in agents.hosted:
         if only is None or k in only:
             if only is not None:
                 _reconnect(agents, k)
@@ -68,7 +68,7 @@ def resend_to_lost_engines(agents: Any, check: bool, pushed: Dict[int, Dict[str,
                   "waiting for their restart, then pushing again", flush=True)
         lost_here = set()
         for k in lost:
-            if k in agents.trainers:
+            if k in agents.hosted:
                 _reconnect(agents, k)
                 losses = pushed[k][LOSSES]
                 pushed[k].update(push_weights(agents, k, check))

@@ -31,7 +31,8 @@ def step_folder(root: os.PathLike, step: int) -> Path:
 
 
 def save_step(root: os.PathLike, step: int, agent_names: Sequence[str], prompts: Sequence[Any],
-              rollouts: Sequence[List[List[Completion]]], scores: Sequence[float], reward_stats: Dict[str, Any]) -> None:
+              rollouts: Sequence[List[List[Completion]]], scores: Sequence[float],
+              reward_stats: Dict[str, Any]) -> None:
     """Write step `step` (1-based, as metrics.jsonl counts): scores in [agent][prompt][sample] order."""
     folder = step_folder(root, step)
     folder.mkdir(parents=True, exist_ok=True)

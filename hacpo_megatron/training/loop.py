@@ -86,6 +86,7 @@ class Agents:
     hf_configs: List[Dict[str, Any]]
     tokenizers: list
     trainers: Dict[int, AgentTrainer] = field(default_factory=dict)
+    models: Dict[int, AgentModel] = field(default_factory=dict)  # run.mode rollout_only: weights, no learner
     references: Dict[int, AgentModel] = field(default_factory=dict)
     engines: Dict[int, Any] = field(default_factory=dict)  # EngineActor handles (rank 0 and engine ranks)
     senders: Dict[int, Any] = field(default_factory=dict)  # weight transport to k's engine (k's engine rank)
@@ -95,6 +96,15 @@ class Agents:
     @property
     def names(self) -> List[str]:
         return [a.name for a in self.configs]
+
+    @property
+    def hosted(self) -> List[int]:
+        """The agents this rank holds a part of (as a learner, or as weights only in rollout_only)."""
+        return sorted({*self.trainers, *self.models})
+
+    def policy(self, k: int):
+        """Agent k's GPTModel on this rank: the weights its engine is given."""
+        return self.trainers[k].ddp_model.module if k in self.trainers else self.models[k].model
 
 
 def run_hacpo(cfg: Config, options: RunOptions, model_provider: ModelProvider) -> None:
@@ -121,11 +131,16 @@ def run_hacpo(cfg: Config, options: RunOptions, model_provider: ModelProvider) -
     for k, (agent_cfg, parallel) in enumerate(zip(cfg.agents, agents.parallel)):
         if parallel.is_member:
             model = model_provider(agent_cfg, parallel, agents.hf_configs[k], cfg.run.seed + k)
+            if cfg.run.mode == "rollout_only":
+                agents.models[k] = model  # its engine's weights; no learner (no optimizer, no update)
+                continue
             agents.trainers[k] = AgentTrainer(model, spec, _hyperparams(cfg, agent_cfg))
             if cfg.algorithm.kl_coef > 0:
                 agents.references[k] = model_provider(agent_cfg, parallel, agents.hf_configs[k], cfg.run.seed + k)
 
     checkpointing.save_tokenizers(options.output_dir, agents)
+    if rank == 0 and cfg.run.mode == "rollout_only":
+        print("run.mode rollout_only: no learner; the engines answer with the initial weights throughout", flush=True)
     runtime, reward_actor = None, None
     agents.engines_running = cfg.run.mode != "train_only"  # train_only: answers and rewards from --load-rollouts
     if agents.engines_running:
@@ -162,10 +177,12 @@ def run_hacpo(cfg: Config, options: RunOptions, model_provider: ModelProvider) -
                 if rank == 0:
                     reporter.log_eval(done, _evaluate(cfg, agents, eval_set, reward_actor))
             stop = preemption.stop_requested()  # collective: a signal to any rank ends the run here
-            if stop or _checkpoint_due(cfg, done):
+            keeps = cfg.run.mode != "rollout_only"  # rollout_only learns nothing: no checkpoint to keep
+            if keeps and (stop or _checkpoint_due(cfg, done)):
                 checkpointing.save(options.output_dir, done, agents, tracker, sampler, keep_last=cfg.checkpoint.keep_last)
             if stop:
-                raise Preempted(preemption.signal_name, done, checkpointing.step_folder(options.output_dir, done))
+                raise Preempted(preemption.signal_name, done,
+                                checkpointing.step_folder(options.output_dir, done) if keeps else None)
         finished = True
     except Preempted:
         finished = True  # every rank stopped at the same step boundary, its checkpoint written: an orderly end
@@ -221,7 +238,8 @@ def _hacpo_step(step, cfg, spec, agents: Agents, sampler, tracker, reward_actor,
     # 5-7. old log-probs, then each hosted learner: bridge, train, push weights (run.mode rollout_only: none)
     gaps, local = {}, {}
     if cfg.run.mode != "rollout_only":
-        gaps, local = _train_learners(cfg, spec, agents, prompts, prompt_ids, rollouts, advantages, options, B, G, times)
+        gaps, local = _train_learners(cfg, spec, agents, prompts, prompt_ids, rollouts, advantages, options, B, G,
+                                      times)
 
     # 8. metrics: each agent's output rank reports; rank 0 assembles one record per agent
     reported = [None] * dist.get_world_size()

@@ -31,7 +31,7 @@ def check_inputs(cfg: Config, *, output_dir: str, resume: bool, save_rollouts: O
     Files first (data, model folders, checkpoints: a second or two), tokenizers only when those are
     fine (loading them takes seconds): a wrong path is reported at once.
     """
-    problems = (_mode_problems(cfg, save_rollouts, load_rollouts) + _file_problems(cfg, output_dir, resume)
+    problems = (_mode_problems(cfg, resume, save_rollouts, load_rollouts) + _file_problems(cfg, output_dir, resume)
                 or _tokenizer_problems(cfg))
     if problems:
         raise InputError(problems)
@@ -72,11 +72,13 @@ def _file_problems(cfg: Config, output_dir: str, resume: bool) -> List[str]:
     return problems
 
 
-def _mode_problems(cfg: Config, save_rollouts: Optional[str], load_rollouts: Optional[str]) -> List[str]:
+def _mode_problems(cfg: Config, resume: bool, save_rollouts: Optional[str], load_rollouts: Optional[str]) -> List[str]:
     """run.mode and the rollout folders fit together; train_only finds every step it will train on."""
     from hacpo_megatron.rollout.replay import missing_steps
 
     mode = cfg.run.mode
+    if mode == "rollout_only" and resume:
+        return ["--resume: run.mode rollout_only keeps no checkpoint (it learns nothing); start it again"]
     if mode == "train_only" and not load_rollouts:
         return ["run.mode train_only trains on saved answers: give --load-rollouts DIR (saved by --save-rollouts)"]
     if load_rollouts and mode != "train_only":

@@ -137,12 +137,13 @@ def test_train_only_replays_the_saved_steps_to_the_same_training_metrics(referen
 
 
 def test_rollout_only_generates_and_scores_with_no_update(reference_run, tmp_path, cache):
-    """run.mode rollout_only: engines and rewards, no update. Its first step's saved answers are the reference
+    """run.mode rollout_only: engines and rewards, no learner and no checkpoint. Its first step's saved answers are the reference
     run's (the same weights and sampling seed); the weights never change, so held-out accuracy at the end (sampled
     with the same seed at every evaluation) equals that at step 0."""
     out, saved = tmp_path / "run", tmp_path / "rollouts"
-    run(small_config(tmp_path, cache, run={"mode": "rollout_only", "total_steps": 2}, data={"eval_every": 2}), out,
-        "--save-rollouts", str(saved))
+    output = run(small_config(tmp_path, cache, run={"mode": "rollout_only", "total_steps": 2}, data={"eval_every": 2}),
+                 out, "--save-rollouts", str(saved))
+    assert "run.mode rollout_only: no learner" in output and not (out / "checkpoints").exists()
     records = metrics(out)
     train = [r for r in records if r["kind"] == "train"]
     assert len(train) == 4 and all(r["loss"] is None and r["grad_norm"] is None for r in train)

@@ -14,7 +14,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
 def test_soak_samples_every_process_kind_and_finds_an_injected_leak(tmp_path, cache):
     config = tmp_path / "small.yaml"
-    config.write_text(yaml.safe_dump(small_config(tmp_path, cache, data={"eval_every": 0}, checkpoint={"save_every": 2})))
+    small = small_config(tmp_path, cache, data={"eval_every": 0}, checkpoint={"save_every": 2})
+    config.write_text(yaml.safe_dump(small))
     out = tmp_path / "soak"
     done = subprocess.run([sys.executable, str(REPO / "tools" / "soak.py"), "--config", str(config), "--steps", "12",
                            "--out", str(out), "--every", "0.25", "--", "--leak-mib-per-step", "128"],

@@ -82,6 +82,8 @@ def test_debug_modes_and_their_rollout_folders_must_fit(tmp_path):
             check_inputs(config(overrides) if overrides else config(), output_dir=str(tmp_path), resume=False, **folders)
         return error.value.problems
 
+    with pytest.raises(InputError, match="run.mode rollout_only keeps no checkpoint"):
+        check_inputs(config("run.mode=rollout_only"), output_dir=str(tmp_path), resume=True)
     assert problems("run.mode=train_only") == [
         "run.mode train_only trains on saved answers: give --load-rollouts DIR (saved by --save-rollouts)"]
     assert problems(load_rollouts=str(tmp_path)) == [
