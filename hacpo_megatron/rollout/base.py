@@ -32,9 +32,11 @@ from typing import Any, Dict, Iterable, Iterator, List, Literal, Optional, Seque
 
 import torch
 
+# The weight path reads one way: engines (this module) use the transports (transport.py), never the reverse.
+from hacpo_megatron.rollout.transport import BucketReceiver, WeightBucket, copy_ipc_bucket, join_group
+
 FinishReason = Literal["stop", "length"]
 NamedTensors = Iterable[Tuple[str, torch.Tensor]]  # (Hugging Face name, full tensor) pairs
-WeightBucket = List[Tuple[str, torch.Tensor]]
 
 DEFAULT_BUCKET_BYTES = 256 * 2**20  # big enough to amortise a call, small next to any GPU's memory
 
@@ -140,8 +142,6 @@ class RolloutEngine(abc.ABC):
 
     def join_weight_group(self, address: Any) -> None:
         """Join the sender's weight group (a `transport.GroupAddress`) as rank 1; blocks until all joined."""
-        from hacpo_megatron.rollout.transport import BucketReceiver, join_group
-
         self._bucket_receiver = BucketReceiver(join_group(address, rank=1))
 
     def receive_bucket(self, header: Any) -> None:
@@ -150,8 +150,6 @@ class RolloutEngine(abc.ABC):
 
     def receive_ipc_bucket(self, header: Any, handle: Any) -> None:
         """Take a bucket shared through a CUDA IPC handle: copy it before returning. UNTESTED (no GPU)."""
-        from hacpo_megatron.rollout.transport import copy_ipc_bucket
-
         self.update_weights(copy_ipc_bucket(header, handle))
 
     def end_bucket_stream(self, buckets_sent: int) -> None:

@@ -28,8 +28,7 @@ from typing import Any, List, Optional, Sequence, Tuple
 
 import torch
 
-from hacpo_megatron.rollout.base import WeightBucket
-
+WeightBucket = List[Tuple[str, torch.Tensor]]  # (Hugging Face name, full tensor) pairs sent as one
 TRANSPORTS = ("object_store", "process_group", "cuda_ipc")
 ALIGNMENT = 64  # bytes; every dtype's element size divides it
 GROUP_TIMEOUT = datetime.timedelta(minutes=10)  # a broadcast whose peer died fails after this, not never
