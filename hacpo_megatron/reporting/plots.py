@@ -126,4 +126,3 @@ def plot_eval_accuracy(metrics: RunMetrics, path: PathLike) -> None:
     axes.grid(alpha=0.3)
     axes.set_ylim(-0.02, 1.02)
     figure.savefig(path, dpi=110)
-

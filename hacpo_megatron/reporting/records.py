@@ -128,7 +128,6 @@ def truncate_metrics(path: Path, start_step: int) -> int:
     return dropped
 
 
-
 def update_run_info(run_dir: PathLike, facts: Mapping[str, Any]) -> None:
     """Merge `facts` into the run's run_info.json (top-level keys replaced; written whole, then renamed)."""
     path = Path(run_dir) / RUN_INFO_FILE
@@ -142,4 +141,3 @@ def update_run_info(run_dir: PathLike, facts: Mapping[str, Any]) -> None:
 def read_run_info(run_dir: PathLike) -> Dict[str, Any]:
     path = Path(run_dir) / RUN_INFO_FILE
     return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
-

@@ -164,7 +164,6 @@ def _short(value: Optional[float]) -> str:
     return "nan" if value is None else f"{value:.2f}"
 
 
-
 def render_run_outputs(run_dir: PathLike, *, agent_names: Optional[Sequence[str]] = None, plots: bool = True) -> str:
     """Draw curves.png and eval_accuracy.png (if `plots`) and write summary.md from the run's metrics.jsonl.
 
@@ -178,4 +177,3 @@ def render_run_outputs(run_dir: PathLike, *, agent_names: Optional[Sequence[str]
     summary = summary_markdown(metrics, run_dir, read_run_info(run_dir))
     (run_dir / SUMMARY_FILE).write_text(summary, encoding="utf-8")
     return summary
-

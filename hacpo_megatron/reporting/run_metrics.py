@@ -61,4 +61,3 @@ def load_run(run_dir: PathLike, agent_names: Optional[Sequence[str]] = None) -> 
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such file (is {run_dir} a run folder?)")
     return group_metrics(read_metrics(path), agent_names)
-

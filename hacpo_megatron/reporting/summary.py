@@ -108,4 +108,3 @@ def summary_markdown(metrics: RunMetrics, run_dir: PathLike = "", run_info: Opti
             f"{split} {p['used']} used, {p['skipped_overlong']} skipped as longer than rollout.max_prompt_length"
             for split, p in prompts.items())]
     return "\n".join(lines) + "\n"
-
