@@ -1,12 +1,13 @@
 """benchmarks/predict_pipeline.py: the pipeline model against timelines worked out by hand."""
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from predict_pipeline import StepPhases, main, read_phases, simulate  # noqa: E402
+from tests.benchmarks.scripts import load_benchmark
+
+predict_pipeline = load_benchmark("predict_pipeline")
+StepPhases, main, read_phases, simulate = (predict_pipeline.StepPhases, predict_pipeline.main,
+                                           predict_pipeline.read_phases, predict_pipeline.simulate)
 
 
 def test_k0_is_the_phases_one_after_another():
