@@ -54,11 +54,13 @@ SMALL_QWEN3 = dict(
     hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4,
     head_dim=32,  # hidden / heads (the tiny preset's heads are 32 wide too, not Qwen3's usual 128)
 )
-MODELS = {"tiny": PRESETS["tiny-qwen3"], "small": SMALL_QWEN3}
+# qwen3-1.7b: Qwen3-1.7B-Base's shape (random init), for GPU runs (docs/gpu.md); far too slow for one CPU core
+MODELS = {"tiny": PRESETS["tiny-qwen3"], "small": SMALL_QWEN3, "qwen3-1.7b": PRESETS["qwen3-1.7b-base"]}
 SAMPLES_PER_PROMPT = 4  # G in the runs: rows of one prompt share a mini-batch
 TEMPERATURE = 1.0
 LR = 1e-5  # small: weights change a little per timed update, the numbers stay finite
-# Written for CPU; on a GPU both sides run there (megatron picks bf16, the HF model follows it). Untested on GPU.
+# On a GPU both sides run there (megatron picks bf16, the HF model follows it), and each row gets its
+# model-FLOPs utilisation against a bf16 GEMM timed in the same run (docs/gpu.md).
 DEVICE = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
 
 
@@ -191,7 +193,7 @@ def init_single_rank_world() -> None:
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     for key, value in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0")):
         os.environ.setdefault(key, value)
-    init_distributed("gloo")
+    init_distributed("gloo" if DEVICE.type == "cpu" else None)
 
 
 def megatron_rows(work: Workload, old_seq_logp: torch.Tensor):
@@ -285,6 +287,21 @@ def markdown_table(rows: Sequence[Dict]) -> str:
     return "\n".join(lines)
 
 
+def add_model_flops_utilisation(rows: List[Dict], infos: List[Dict], machine: Dict) -> None:
+    """MFU of each row: model FLOPs per token (2 x parameters for a forward pass, 6 x for forward and
+    backward: the usual approximation, attention's quadratic term left out) x tokens/s, over the FLOP/s of a
+    bf16 8192^3 GEMM timed now, on the same GPU, rather than a datasheet figure."""
+    from hacpo_megatron.training.utilisation import gemm_peak_flops
+
+    peak = gemm_peak_flops(torch.bfloat16, DEVICE)
+    machine.update(gpu=torch.cuda.get_device_name(), bf16_gemm_tflops=round(peak / 1e12, 1),
+                   peak_memory_gib=round(torch.cuda.max_memory_allocated() / 2**30, 2))
+    parameters = {info["model"]: info["parameters"] for info in infos}
+    for row in rows:
+        per_token = (2 if row["kind"] == "logprob" else 6) * parameters[row["model"]]
+        row["mfu"] = per_token * row["tokens_per_s"] / peak
+
+
 def machine_info(threads: int) -> Dict:
     return dict(cpus=os.cpu_count(), processor=platform.processor() or platform.machine(),
                 torch=torch.__version__, torch_threads=threads, date=datetime.datetime.now().isoformat(timespec="seconds"),
@@ -325,6 +342,8 @@ def main() -> None:
             rows += model_rows
             infos.append(info)
     machine["load_after"] = [round(x, 2) for x in os.getloadavg()]
+    if DEVICE.type == "cuda":
+        add_model_flops_utilisation(rows, infos, machine)
 
     settings = dict(sequences=args.sequences, prompt_length=args.prompt_length, response_length=args.response_length,
                     tokens_per_batch=args.sequences * (args.prompt_length + args.response_length),
@@ -340,6 +359,11 @@ def main() -> None:
         print(f"{info['model']}: {info['parameters'] / 1e6:.1f}M parameters, max |megatron - hf| log-prob "
               f"{info['max_abs_logprob_diff_megatron_vs_hf']:.2e}")
     print("\n" + markdown_table(rows))
+    if DEVICE.type == "cuda":
+        print(f"\n{machine['gpu']}: bf16 GEMM {machine['bf16_gemm_tflops']} TFLOP/s, peak memory "
+              f"{machine['peak_memory_gib']} GiB")
+        for row in rows:
+            print(f"MFU {row['model']:>12} {row['backend']:>18} {row['kind']:>7}: {100 * row['mfu']:.1f} %")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(machine=machine, settings=settings, models=infos, results=rows), f, indent=1)

@@ -43,7 +43,7 @@ sys.path.insert(0, REPO)  # run from a checkout
 
 MODEL = "smollm2-135m-instruct"  # a known GGUF name (checkpoint/gguf.py)
 TOKENIZER = "smollm2"  # the bridge's name for the same tokenizer
-TRANSPORTS = ("object_store", "process_group")  # cuda_ipc needs a GPU
+TRANSPORTS = ("object_store", "process_group")  # and cuda_ipc where a GPU is (see transports())
 ENGINES = ("embedded", "vllm")
 GB = 1e9
 QUESTIONS = [
@@ -114,6 +114,29 @@ def model_folder() -> str:
     from hacpo_megatron.checkpoint.gguf import resolve_model_source
 
     return str(resolve_model_source(MODEL))  # converted once (~20-90 s), then reused
+
+
+def transports():
+    import torch
+
+    return TRANSPORTS + (("cuda_ipc",) if torch.cuda.is_available() else ())
+
+
+def preset_weights(preset: str):
+    """--preset: a model of that preset's shape with random weights, in the trainer's dtype on its device (bf16 on
+    a GPU), as a trainer rank holds them: for transport figures at a size whose real weights are not at hand."""
+    import torch
+
+    from hacpo_megatron.models.architectures import default_params_dtype
+    from hacpo_megatron.models.presets import PRESETS
+    from hacpo_megatron.rollout.embedded import hf_model_from_config
+
+    hf_config = dict(PRESETS[preset])
+    device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+    model = hf_model_from_config(hf_config, seed=0).to(device=device, dtype=default_params_dtype())
+    named = [(name, tensor.detach().clone()) for name, tensor in model.state_dict().items()]
+    del model
+    return hf_config, (named, [(name, -tensor) for name, tensor in named])
 
 
 def chat_prompts(tokenizer) -> List[List[int]]:
@@ -214,7 +237,7 @@ class MemcpyReference:
     def __init__(self, named):
         import torch
 
-        self.target = torch.empty(total_bytes(named), dtype=torch.uint8)
+        self.target = torch.empty(total_bytes(named), dtype=torch.uint8, device=named[0][1].device)
         self.sources = [tensor.reshape(-1).view(torch.uint8) for _, tensor in named]
         self.rounds: List[Dict] = []
         self._copy_all()  # first touch of the target's pages
@@ -226,10 +249,17 @@ class MemcpyReference:
             offset += source.numel()
 
     def measure(self, copies: int = 3) -> Dict:
-        seconds = min(timed(self._copy_all)[1] for _ in range(copies))  # ~0.03 s each when the cores are free
+        seconds = min(timed(self._copy_all_synced)[1] for _ in range(copies))  # ~0.03 s each when the cores are free
         row = dict(bytes=self.target.numel(), seconds=seconds, gb_per_s=self.target.numel() / seconds / GB)
         self.rounds.append(row)
         return row
+
+    def _copy_all_synced(self) -> None:
+        import torch
+
+        self._copy_all()
+        if self.target.is_cuda:
+            torch.cuda.synchronize()  # GPU copies are asynchronous
 
     def result(self) -> Dict:
         return dict(best=best_of(self.rounds, "gb_per_s"), rounds=self.rounds)
@@ -256,14 +286,14 @@ class PhaseTimer:
         self._time("finish", self.sender.finish_weight_update)
 
 
-def start_engine_actor(kind: str, hf_config: Dict, max_model_len: int, threads: int):
+def start_engine_actor(kind: str, hf_config: Dict, max_model_len: int, threads: int, tokenizer: str = TOKENIZER):
     from hacpo_megatron.orchestrator.actors import ACTOR_OPTIONS, EngineActor, wait_until_alive
 
     kwargs = dict(max_model_len=max_model_len) if kind == "vllm" else None
     # no restart: a restarted engine has lost its weights, and a benchmark must fail rather than hide that
     options = dict(ACTOR_OPTIONS, max_restarts=0)
     start = time.perf_counter()
-    handle = EngineActor.options(**options).remote(kind, hf_config, TOKENIZER, 0, kwargs, threads)
+    handle = EngineActor.options(**options).remote(kind, hf_config, tokenizer, 0, kwargs, threads)
     wait_until_alive(handle, timeout_s=600)
     return handle, time.perf_counter() - start
 
@@ -293,12 +323,13 @@ def bench_transports(kind: str, hf_config: Dict, versions, memcpy: MemcpyReferen
 
     from hacpo_megatron.orchestrator.weight_senders import make_sender
 
-    handle, startup = start_engine_actor(kind, hf_config, args.max_model_len, args.threads)
+    tokenizer = "qwen3" if args.preset else TOKENIZER  # presets are Qwen3-shaped; the tokenizer only sets end tokens
+    handle, startup = start_engine_actor(kind, hf_config, args.max_model_len, args.threads, tokenizer)
     print(f"  {kind} engine actor: started in {startup:.1f} s", flush=True)
     result: Dict[str, Any] = dict(startup_s=startup)
     pushes = 0
     try:
-        senders = {transport: make_sender(transport, handle) for transport in TRANSPORTS}
+        senders = {transport: make_sender(transport, handle) for transport in transports()}
         for round_index in range(args.rounds + 1):  # round 0: the first push of each transport
             if round_index > 0:
                 memcpy.measure()
@@ -315,7 +346,7 @@ def bench_transports(kind: str, hf_config: Dict, versions, memcpy: MemcpyReferen
                       f"finish {row['finish_s']:.2f} s), check equal in {row['check_s']:.1f} s", flush=True)
     finally:
         ray.kill(handle)  # its process (and vLLM's under it) go before the next engine starts
-    for transport in TRANSPORTS:
+    for transport in transports():
         result[transport]["best"] = best_of(result[transport]["rounds"], "transfer_gb_per_s")
     return result
 
@@ -324,8 +355,10 @@ def bench_weight_transport(folder: str, kinds: Sequence[str], args) -> Dict:
     from hacpo_megatron.checkpoint.hf_io import read_hf_config
     from hacpo_megatron.orchestrator.ray_runtime import RayRuntime
 
-    hf_config = read_hf_config(folder)
-    versions = weight_versions(folder)
+    if args.preset:
+        hf_config, versions = preset_weights(args.preset)
+    else:
+        hf_config, versions = read_hf_config(folder), weight_versions(folder)
     memcpy = MemcpyReference(versions[0])
     result: Dict[str, Any] = dict(tensors=len(versions[0]), bucket_mib=args.bucket_mib)
     runtime = RayRuntime.connect(None)  # a private local Ray, as a run without --ray-address starts
@@ -368,7 +401,7 @@ def transport_table(transport: Dict) -> List[str]:
     for kind in ENGINES:
         if kind not in transport:
             continue
-        for name in TRANSPORTS:
+        for name in transports():
             best, first = transport[kind][name]["best"], transport[kind][name]["first_push"]
             lines.append(f"| {kind} | {name} | {best['bytes'] / GB:.3f} | {best['buckets']} | {best['transfer_s']:.2f} | "
                          f"{best['transfer_gb_per_s']:.2f} | {best['transfer_gb_per_s'] / memcpy:.1%} | "
@@ -412,8 +445,12 @@ def parse_args():
     parser.add_argument("--skip-vllm-actor", action="store_true", help="no vLLM engine actor in the transport part")
     parser.add_argument("--skip-rollout", action="store_true")
     parser.add_argument("--skip-transport", action="store_true")
+    parser.add_argument("--preset", default=None, help="weight transport only, for a random model of this preset's "
+                        "shape (e.g. qwen3-1.7b-base, bf16 on a GPU) instead of SmolLM2; implies --skip-rollout --skip-vllm")
     parser.add_argument("--json", default=None, help="also write every figure here")
     args = parser.parse_args()
+    if args.preset:
+        args.skip_rollout = args.skip_vllm = True
     if args.rounds < 1:
         parser.error("--rounds must be >= 1")
     return args
@@ -434,8 +471,8 @@ def main() -> None:
     quiet_libraries()
     start = time.perf_counter()
     results: Dict[str, Any] = dict(machine=machine(), load_before=load_average(), threads=set_threads(args.threads),
-                                   command=" ".join(sys.argv), model=MODEL, source=source_state())
-    folder = model_folder()
+                                   command=" ".join(sys.argv), model=args.preset or MODEL, source=source_state())
+    folder = None if args.preset else model_folder()
     kinds = ("embedded",) if args.skip_vllm else ENGINES
     if not args.skip_rollout:
         print("rollout:", flush=True)

@@ -62,7 +62,8 @@ class EngineActor:
     """One agent's rollout engine, built from a Hugging Face config (weights arrive by weight sync)."""
 
     def __init__(self, kind: str, hf_config: Dict[str, Any], tokenizer_name: str, seed: int,
-                 engine_kwargs: Optional[Dict[str, Any]] = None, threads: int = 1, prompt_format: str = "chat"):
+                 engine_kwargs: Optional[Dict[str, Any]] = None, threads: int = 1, prompt_format: str = "chat",
+                 gpu: int = 0):
         torch.set_num_threads(threads)
         self._weights_complete = False  # no whole weight update has arrived in this process yet
         from hacpo_megatron.bridge.tokenizers import eos_token_ids, load_tokenizer, pad_token_id
@@ -72,6 +73,11 @@ class EngineActor:
             from hacpo_megatron.rollout.embedded import EmbeddedEngine, hf_model_from_config
 
             model = hf_model_from_config(hf_config, seed=seed)
+            if torch.cuda.is_available():  # beside its engine rank, in the trainer's dtype
+                from hacpo_megatron.models.architectures import default_params_dtype
+
+                torch.cuda.set_device(gpu)
+                model = model.to(device=torch.device("cuda", gpu), dtype=default_params_dtype())
             self.engine: RolloutEngine = EmbeddedEngine(
                 model, tokenizer, eos_token_ids=sorted(eos_token_ids(tokenizer)), pad_token_id=pad_token_id(tokenizer),
                 **(engine_kwargs or {}))
@@ -95,6 +101,11 @@ class EngineActor:
 
     def pid(self) -> int:
         return os.getpid()
+
+    def gpu(self) -> Optional[int]:
+        """The GPU this engine generates on, when it is this process's (the embedded engine); else None."""
+        device = getattr(self.engine, "device", None)
+        return device.index if isinstance(device, torch.device) and device.type == "cuda" else None
 
     def crash_in_next_bucket(self) -> None:
         """Fault injection for tests: the next bucket of weights ends this process in the middle of

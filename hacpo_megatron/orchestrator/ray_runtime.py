@@ -215,7 +215,10 @@ def _shutdown_without_graceful_waits() -> None:
 
 def _local_env() -> Dict[str, Optional[str]]:
     """Ray's variables for the run's local Ray (the token is added by the caller)."""
-    return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": None, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+    # NOSET: Ray hides every GPU (CUDA_VISIBLE_DEVICES="") from an actor that reserves none; the engines
+    # reserve none (the torchrun ranks hold the GPUs, outside Ray's accounting) and use their rank's GPU.
+    return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": None, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+            "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1"}
 
 
 def _read_token(token_file: str, rank: int) -> str:

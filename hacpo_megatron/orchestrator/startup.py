@@ -17,6 +17,7 @@ import torch.distributed as dist
 from hacpo_megatron.orchestrator import placement
 from hacpo_megatron.orchestrator.actors import ACTOR_OPTIONS, EngineActor, RewardActor, engine_actor_name
 from hacpo_megatron.orchestrator.weight_senders import make_sender
+from hacpo_megatron.parallel.groups import local_gpu
 from hacpo_megatron.rollout import engine_options
 from hacpo_megatron.rollout.weight_sync import engine_rank
 
@@ -40,7 +41,7 @@ def start_actors(cfg: Any, agent_parallel: Sequence[Any], hf_configs: Sequence[D
             kwargs = engine_options(agent_cfg.engine, model_path=agent_cfg.init_from, rollout=cfg.rollout)
             engines[k] = EngineActor.options(**options).remote(
                 agent_cfg.engine, hf_configs[k], tokenizer_names[k], cfg.run.seed + k, kwargs, cfg.rollout.cpu_threads,
-                agent_cfg.prompt_format)
+                agent_cfg.prompt_format, local_gpu(engine_rank(agent_parallel[k])))
         ray.get([handle.pid.remote() for handle in engines.values()])  # constructed and alive
         reward_actor = RewardActor.options(**ACTOR_OPTIONS).remote(
             cfg.reward.function, cfg.reward.num_workers, cfg.reward.timeout_s)

@@ -36,11 +36,14 @@ class ProcessGroupSender(RemoteEngine):
         self.group = None
         self.group_pid = None  # the engine actor's process that joined the group
         self.sent = 0
-        if torch.cuda.is_available():
-            self.backend = "nccl"
 
     def _connect(self) -> None:
         self.group_pid = ray.get(self.handle.pid.remote())
+        # NCCL between GPUs; gloo (through host memory) where the engine is on this rank's own GPU, since NCCL
+        # refuses a group with two members on one device (`cuda_ipc` is the fast path for that case)
+        if torch.cuda.is_available():
+            shared = ray.get(self.handle.gpu.remote()) == torch.cuda.current_device()
+            self.backend = "gloo" if shared else "nccl"
         receivers = ray.get(self.handle.weight_receivers.remote())
         # this process's address as its Ray node advertises it: where the engine's node reaches it
         address, store = open_group(1 + receivers, self.backend, ray.util.get_node_ip_address())
@@ -79,9 +82,12 @@ class ProcessGroupSender(RemoteEngine):
 class CudaIpcSender(ProcessGroupSender):
     """`cuda_ipc`: the engine shares the trainer's GPU and maps each bucket through a CUDA IPC handle.
 
-    UNTESTED: written to the interface, never run (no GPU where it was written). The bucket stays
-    alive until the actor's call returns, after the engine has copied it, as CUDA IPC requires.
+    The bucket is packed on this rank's GPU and stays alive until the actor's call returns, after the
+    engine has copied it, as CUDA IPC requires.
     """
+
+    def _device(self):
+        return torch.device("cuda", torch.cuda.current_device())
 
     def _connect(self) -> None:
         if not torch.cuda.is_available():

@@ -131,7 +131,8 @@ class _GroupFactory:
         if key not in self._created:
             mine = None
             for ranks in key:
-                group = dist.new_group(ranks=list(ranks), backend=self.backend, timeout=self.timeout)
+                group = dist.new_group(ranks=list(ranks), backend=group_backend(ranks, self.backend),
+                                       timeout=self.timeout)
                 if dist.get_rank() in ranks:
                     mine = group
             self._created[key] = mine
@@ -252,15 +253,38 @@ def collective_timeout() -> timedelta:
     return timedelta(seconds=seconds)
 
 
+def local_gpu(rank: int) -> int:
+    """The GPU of a torchrun rank on its machine: its local rank, wrapped round when a machine runs more
+    ranks than it has GPUs (two one-GPU agents on a one-GPU machine share it)."""
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))
+    return (rank % local_world) % max(torch.cuda.device_count(), 1)
+
+
+def gpus_shared() -> bool:
+    """Do ranks of this machine share a GPU? NCCL refuses a communicator with two ranks on one device."""
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))
+    return torch.cuda.is_available() and local_world > torch.cuda.device_count()
+
+
+def group_backend(ranks: Sequence[int], default: Optional[str] = None) -> Optional[str]:
+    """NCCL for a group whose ranks each have a GPU of their own, gloo (CUDA tensors staged through host
+    memory) for one where two of its ranks share a GPU; `default` (the world's) when no GPU is shared."""
+    if not gpus_shared():
+        return default
+    devices = [local_gpu(r) for r in ranks]
+    return "nccl" if len(set(devices)) == len(devices) else "gloo"
+
+
 def init_distributed(backend: Optional[str] = None) -> None:
     """`torch.distributed.init_process_group` from torchrun's environment: nccl on GPU, gloo on CPU,
-    with a collective timeout of HACPO_COLLECTIVE_TIMEOUT_S (default 30 min) for gloo and NCCL alike."""
+    with a collective timeout of HACPO_COLLECTIVE_TIMEOUT_S (default 30 min) for gloo and NCCL alike.
+    Where ranks share a GPU the world group is gloo (see `group_backend`)."""
     if dist.is_initialized():
         return
-    if backend is None:
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
     if torch.cuda.is_available():
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(local_gpu(int(os.environ.get("RANK", "0"))))
+    if backend is None:
+        backend = "nccl" if torch.cuda.is_available() and not gpus_shared() else "gloo"
     dist.init_process_group(backend=backend, timeout=collective_timeout())
 
 

