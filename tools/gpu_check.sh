@@ -15,8 +15,7 @@
 #   tests      the unit, model, layout and trainer tests on CUDA.
 #   transport  benchmarks/bench_rollout.py --preset qwen3-1.7b-base: weight pushes into an embedded engine
 #              actor on the same GPU through object_store, process_group and cuda_ipc, every push checked.
-#   together   run, tests and transport side by side (a first look at what breaks, in a third of the time;
-#              transport's figures then shared the machine: run it alone for the figures to keep)
+#   together   run and tests side by side (neither is timed)
 # Each stage's time limit: BENCH_S, RUN_S (the resume gets a third of it), TESTS_S, TRANSPORT_S (seconds).
 #
 # Packing (on the machine that sends the checkout; both folders are git-ignored through .git/info/exclude):
@@ -76,14 +75,14 @@ tests() {
 
 transport() {
   say "transport"
-  timeout "${TRANSPORT_S:-150}" python3 benchmarks/bench_rollout.py --preset qwen3-1.7b-base --rounds 2 --json "$OUT/transport.json" \
+  timeout "${TRANSPORT_S:-150}" python3 benchmarks/bench_rollout.py --preset qwen3-1.7b-base --rounds "${ROUNDS:-2}" --json "$OUT/transport.json" \
     >"$OUT/transport.log" 2>&1
   echo "transport rc $?"; tail -n 25 "$OUT/transport.log"
 }
 
 for stage in $STAGES; do
   case $stage in
-    together) run >"$OUT/together_run.txt" & tests >"$OUT/together_tests.txt" & transport; wait
+    together) run >"$OUT/together_run.txt" & tests >"$OUT/together_tests.txt"; wait
               cat "$OUT/together_run.txt" "$OUT/together_tests.txt"; rm -f "$OUT"/together_*.txt ;;
     bench|run|tests|transport) $stage ;;
     *) echo "unknown stage $stage" ;;

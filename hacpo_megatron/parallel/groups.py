@@ -153,6 +153,7 @@ def _agent_pg_collection(
         return factory.group_for(grid.get_rank_enum(dims))
 
     each_rank_alone = factory.group_for([[r] for r in ranks])
+    whole_agent = factory.group_for([list(ranks)])
     groups: Dict[str, Optional[dist.ProcessGroup]] = dict(
         tp=group(["tp"]),
         cp=each_rank_alone,
@@ -184,8 +185,9 @@ def _agent_pg_collection(
     stage_ends = [[p[0], p[-1]] if len(p) > 1 else [p[0]] for p in grid.get_rank_enum("pp")]
     groups["embd"] = factory.group_for(stage_ends)
     groups["pos_embd"] = factory.group_for([[p[0]] for p in grid.get_rank_enum("pp")])
-
-    whole_agent = factory.group_for([list(ranks)])
+    # The distributed optimizer (on GPU) reduces its gradient statistics (norm for clipping, zero count) over
+    # every rank of its one instance: the whole agent, as parallel_state builds it for one optimizer instance.
+    groups["intra_dist_opt"] = whole_agent
     if dist.get_rank() not in ranks:
         return None, None
     return ProcessGroupCollection(**groups), whole_agent

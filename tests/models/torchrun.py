@@ -11,7 +11,8 @@ TORCHRUN = Path(sys.executable).with_name("torchrun")
 
 
 def run_torchrun(script: Path, nproc: int, *args: str, timeout: float = 180) -> subprocess.CompletedProcess:
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO), PYTHONWARNINGS="ignore")
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)  # keep the caller's
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=path, PYTHONWARNINGS="ignore")
     command = [str(TORCHRUN), "--standalone", "--nproc_per_node", str(nproc), str(script), *args]
     result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
     if result.returncode != 0:
