@@ -119,7 +119,8 @@ def model_folder() -> str:
 def transports():
     import torch
 
-    return TRANSPORTS + (("cuda_ipc",) if torch.cuda.is_available() else ())
+    chosen = os.environ.get("BENCH_TRANSPORTS")  # e.g. "process_group cuda_ipc": fewer pushes on a short GPU lease
+    return tuple(chosen.split()) if chosen else TRANSPORTS + (("cuda_ipc",) if torch.cuda.is_available() else ())
 
 
 def preset_weights(preset: str):

@@ -16,7 +16,8 @@
 #   transport  benchmarks/bench_rollout.py --preset qwen3-1.7b-base: weight pushes into an embedded engine
 #              actor on the same GPU through object_store, process_group and cuda_ipc, every push checked.
 #   together   run and tests side by side (neither is timed)
-# Each stage's time limit: BENCH_S, RUN_S (the resume gets a third of it), TESTS_S, TRANSPORT_S (seconds).
+#   run+transport  side by side (the run's tiny agents barely load the GPU; transport's figures are marked so)
+# Each stage's time limit: BENCH_S, RUN_S, RESUME_S, TESTS_S, TRANSPORT_S (seconds).
 #
 # Packing (on the machine that sends the checkout; both folders are git-ignored through .git/info/exclude):
 #   .whl/  cp312 wheels of megatron-core, math-verify, latex2sympy2_extended, antlr4-python3-runtime,
@@ -55,10 +56,10 @@ run() {
   local dir=/tmp/gpu-run
   rm -rf "$dir"
   timeout "${RUN_S:-240}" python3 -m hacpo_megatron.launch --config configs/default.yaml --output-dir "$dir" \
-    --set run.total_steps=10 --set checkpoint.save_every=5 >"$OUT/run.log" 2>&1
+    --set run.total_steps=8 --set checkpoint.save_every=4 >"$OUT/run.log" 2>&1
   echo "run rc $?"
-  timeout "$(( ${RUN_S:-240} / 3 ))" python3 -m hacpo_megatron.launch --config configs/default.yaml --output-dir "$dir" --resume \
-    --set run.total_steps=12 --set checkpoint.save_every=5 >>"$OUT/run.log" 2>&1
+  timeout "${RESUME_S:-80}" python3 -m hacpo_megatron.launch --config configs/default.yaml --output-dir "$dir" --resume \
+    --set run.total_steps=10 --set checkpoint.save_every=4 >>"$OUT/run.log" 2>&1
   echo "resume rc $?"
   kill "$sampler"
   cp "$dir/metrics.jsonl" "$OUT/run_metrics.jsonl" 2>/dev/null
@@ -82,6 +83,7 @@ transport() {
 
 for stage in $STAGES; do
   case $stage in
+    run+transport) run >"$OUT/together_run.txt" & transport; wait; cat "$OUT/together_run.txt"; rm -f "$OUT/together_run.txt" ;;
     together) run >"$OUT/together_run.txt" & tests >"$OUT/together_tests.txt"; wait
               cat "$OUT/together_run.txt" "$OUT/together_tests.txt"; rm -f "$OUT"/together_*.txt ;;
     bench|run|tests|transport) $stage ;;

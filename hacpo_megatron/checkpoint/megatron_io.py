@@ -131,7 +131,11 @@ def agent_sharded_state_dict(agent: AgentModel, optimizer: Optional[Any] = None,
         model_state = _unwrapped(agent.model).sharded_state_dict(metadata=metadata)
     state: Dict[str, Any] = {"model": model_state}
     if optimizer is not None:
-        state["optimizer"] = optimizer.sharded_state_dict(model_state, is_loading=is_loading)
+        # GPU (distributed optimizer): its state gathered per parameter at save, so that a run resumes under
+        # another TP/PP/DP layout as the CPU optimizer's does; megatron's default format ("fully sharded model
+        # space") is refused by its own checkpointing. The CPU optimizer ignores the key.
+        state["optimizer"] = optimizer.sharded_state_dict(
+            model_state, is_loading=is_loading, metadata={"distrib_optim_sharding_type": "fully_reshardable"})
     return _agent_owned_common_state(state, agent.parallel)
 
 

@@ -89,6 +89,11 @@ class CudaIpcSender(ProcessGroupSender):
     def _device(self):
         return torch.device("cuda", torch.cuda.current_device())
 
+    def finish_weight_update(self) -> None:
+        # no stream to count: each bucket's call returned only once the engine had copied it, or raised
+        with engine_lost_if_actor_dies(self.handle):
+            ray.get(self.handle.finish_weight_update.remote())
+
     def _connect(self) -> None:
         if not torch.cuda.is_available():
             raise RuntimeError("rollout.weight_transport=cuda_ipc needs the trainer and its engine on one GPU")
