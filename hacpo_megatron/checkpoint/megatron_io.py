@@ -139,6 +139,17 @@ def agent_sharded_state_dict(agent: AgentModel, optimizer: Optional[Any] = None,
     return _agent_owned_common_state(state, agent.parallel)
 
 
+def _give_adam_its_state(optimizer: Any) -> None:
+    """A fresh distributed optimizer (GPU) holds no Adam state until its first step, and megatron's
+    `DistributedOptimizer.state_dict()` (which a load describes its target with) then fails on the missing
+    step counter when Apex/TE's fused Adam is absent (seen on an H200, docs/gpu.md). Megatron's own remedy for
+    its FSDP format: one step on zero gradients, whose values the load then overwrites in place. The CPU
+    optimizer (not distributed) has no such method and needs nothing."""
+    for inner in getattr(optimizer, "chained_optimizers", [optimizer]):
+        if hasattr(inner, "_init_optimizer_states_with_dummy_values") and not inner.optimizer.state:
+            inner._init_optimizer_states_with_dummy_values()
+
+
 @contextlib.contextmanager
 def _data_parallel_rank_of(parallel: AgentParallel) -> Iterator[None]:
     """Let megatron's global `get_data_parallel_rank` answer with this agent's data-parallel rank.
@@ -503,6 +514,8 @@ def load_agent_checkpoint(folder: PathLike, agent: AgentModel, optimizer: Option
     _check_compatible(folder, metadata, agent.arch)
     if optimizer is not None and not metadata.has_optimizer:
         raise CheckpointError(f"{folder}: holds no optimizer state (a converted model?); load without optimizer")
+    if optimizer is not None:
+        _give_adam_its_state(optimizer)
     state = agent_sharded_state_dict(agent, optimizer, is_loading=True)
     # Access validation would all-gather over the world; a load must not depend on other agents.
     loaded = dist_checkpointing.load(state, str(folder / DIST_CHECKPOINT_DIR), validate_access_integrity=False)

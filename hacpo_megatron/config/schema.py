@@ -98,7 +98,7 @@ class RolloutConfig:
     cpu_kv_cache_gib: float = 1.0
     # how weights reach the engines after each update (rollout/transport.py): a torch.distributed group of
     # the engine rank and the engine's processes (gloo on CPU, NCCL on GPU); object_store: bytes through Ray
-    # (the fallback); cuda_ipc: engine on the trainer's GPU (untested: no GPU here)
+    # (the fallback); cuda_ipc: engine on the trainer's GPU (run once on an H200: docs/gpu.md)
     weight_transport: Literal["process_group", "object_store", "cuda_ipc"] = "process_group"
     # where the old (behaviour-policy) log-probs of an agent's own responses come from: "trainer" recomputes
     # them with the trainer's weights every step (an extra forward pass); "engine" takes the engine's own,

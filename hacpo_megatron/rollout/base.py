@@ -151,7 +151,7 @@ class RolloutEngine(abc.ABC):
         self.update_weights(self._bucket_receiver.receive(header))
 
     def receive_ipc_bucket(self, header: Any, handle: Any) -> None:
-        """Take a bucket shared through a CUDA IPC handle: copy it before returning. UNTESTED (no GPU)."""
+        """Take a bucket shared through a CUDA IPC handle: copy it before returning (run on an H200: docs/gpu.md)."""
         self.update_weights(copy_ipc_bucket(header, handle))
 
     def end_bucket_stream(self, buckets_sent: int) -> None:

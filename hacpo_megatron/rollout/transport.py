@@ -10,8 +10,8 @@
                    header travels through Ray. What verl, slime, NeMo-RL and OpenRLHF do between
                    separate GPUs; here it runs on gloo, and the same code is the NCCL path.
     cuda_ipc       colocated on one GPU: the bucket stays in the trainer's GPU memory and the engine
-                   maps it through a CUDA IPC handle. UNTESTED: written to this interface, never run
-                   (these machines have no GPU).
+                   maps it through a CUDA IPC handle. Run once, on an H200 with the embedded engine
+                   (docs/gpu.md); not in CI (these machines have no GPU).
 
 This module is the torch side of the last two: packing a bucket into one tensor, making a group,
 and `BucketReceiver`, which checks that buckets arrive in order, each once, and that none is missing
@@ -189,7 +189,7 @@ class BucketReceiver:
 def copy_ipc_bucket(header: BucketHeader, handle: Tuple[Any, tuple]) -> List[Tuple[str, torch.Tensor]]:
     """The tensors of a bucket sent through a CUDA IPC handle (`reduce_tensor` of the trainer's flat
     bucket; orchestrator/weight_senders.CudaIpcSender), copied: the trainer's memory is only lent
-    until the call returns. UNTESTED: no GPU here."""
+    until the call returns. Run on an H200 with the embedded engine (docs/gpu.md); not in CI."""
     rebuild, args = handle
     return [(name, tensor.clone()) for name, tensor in unpack_bucket(header, rebuild(*args))]
 
