@@ -289,6 +289,13 @@ def _validate(cfg: Config, where: _Where, errors: List[str]) -> None:
         _check(getattr(r, key) >= 1, errors, where, ("rollout", key), "must be >= 1")
     _check(0 < r.gpu_memory_utilization <= 1, errors, where, ("rollout", "gpu_memory_utilization"), "must be in (0, 1]")
     _check(r.cpu_kv_cache_gib > 0, errors, where, ("rollout", "cpu_kv_cache_gib"), "must be > 0")
+    _check(r.max_staleness >= 0, errors, where, ("rollout", "max_staleness"), f"must be >= 0, got {r.max_staleness}")
+    if r.max_staleness > 0:
+        _check(cfg.run.mode == "train", errors, where, ("rollout", "max_staleness"),
+               f"overlaps rollout with training: run.mode {cfg.run.mode!r} has only one of them; set it to 0")
+        _check(r.old_logprobs == "trainer", errors, where, ("rollout", "old_logprobs"),
+               "must be trainer with rollout.max_staleness >= 1: the trainer's pass is the proximal policy and the "
+               "engine's log-probs the behaviour one (docs/algorithm.md)")
 
     repeated = sorted({name for name in cfg.logging.trackers if cfg.logging.trackers.count(name) > 1})
     _check(not repeated, errors, where, ("logging", "trackers"), f"{', '.join(repeated)} listed more than once")

@@ -1,8 +1,8 @@
 """Which steps' answers are being generated, and by which weights: rollout ahead of training by at most k steps.
 
-Part of the staleness issue (rollout.max_staleness, not wired into the loop yet): this module is the bookkeeping,
-free of Ray and torch.distributed so that it can be tested alone; the loop will call it on every rank (every rank
-draws the same prompts in the same order) while only rank 0's `launch` reaches the engines.
+rollout.max_staleness = k: this module is the bookkeeping, free of Ray and torch.distributed so that it can be
+tested alone; orchestrator/rollouts.py calls it on every rank (every rank draws the same prompts in the same order)
+while only rank 0's `launch` reaches the engines.
 
     schedule = GenerationSchedule(max_staleness=k, total_steps=N, next_prompts=sampler.next_batch, launch=...)
     for t in range(start, N):
@@ -29,6 +29,7 @@ class StepWork:
     prompts: List[Any]
     generated_by: int  # weight version (training steps done) of every engine when this step was launched
     handles: Dict[int, Any] = field(default_factory=dict)  # agent -> its pending generation (rank 0; {} elsewhere)
+    before: Any = None  # `snapshot()` taken just before this step's prompts were drawn (the sampler's state)
 
     def staleness(self, trained: int) -> int:
         return trained - self.generated_by
@@ -38,11 +39,11 @@ class GenerationSchedule:
     """Launches steps' generations in order, at most `max_staleness` ahead of the step being trained."""
 
     def __init__(self, *, max_staleness: int, total_steps: int, next_prompts: Callable[[], List[Any]],
-                 launch: Callable[[int, List[Any]], Dict[int, Any]]):
+                 launch: Callable[[int, List[Any]], Dict[int, Any]], snapshot: Callable[[], Any] = lambda: None):
         if max_staleness < 0:
             raise ValueError(f"max_staleness must be >= 0, got {max_staleness}")
         self.max_staleness, self.total_steps = max_staleness, total_steps
-        self._next_prompts, self._launch = next_prompts, launch
+        self._next_prompts, self._launch, self._snapshot = next_prompts, launch, snapshot
         self._in_flight: Dict[int, StepWork] = {}
         self._next_step: int = 0  # the first step not launched yet
 
@@ -58,8 +59,9 @@ class GenerationSchedule:
             raise ValueError(f"step {step} is taken before steps {self._next_step}..{step - 1} were launched")
         launched = []
         for s in range(self._next_step, min(step + self.max_staleness, self.total_steps - 1) + 1):
+            before = self._snapshot()
             prompts = self._next_prompts()
-            self._in_flight[s] = StepWork(s, prompts, generated_by=trained, handles=self._launch(s, prompts))
+            self._in_flight[s] = StepWork(s, prompts, generated_by=trained, handles=self._launch(s, prompts), before=before)
             launched.append(s)
         self._next_step = max(self._next_step, min(step + self.max_staleness, self.total_steps - 1) + 1)
         return launched

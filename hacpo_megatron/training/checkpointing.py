@@ -74,12 +74,13 @@ def step_folder(output_dir: str, step: int) -> str:
     return os.path.join(checkpoint_root(output_dir), step_dir_name(step))
 
 
-def save(output_dir: str, step: int, agents, tracker, sampler, *, keep_last: int) -> None:
-    """Collective: every rank enters. The step becomes `latest` only once completely written."""
+def save(output_dir: str, step: int, agents, tracker, sampler_state: dict, *, keep_last: int) -> None:
+    """Collective: every rank enters. The step becomes `latest` only once completely written. `sampler_state`:
+    the prompt sampler's, with any step whose answers are still being generated undrawn (orchestrator/rollouts.py)."""
     trainer_state = {
         "step": step,
         "tracker": tracker.state_dict(),
-        "sampler": sampler.state_dict(),
+        "sampler": sampler_state,
         "agents": _schedules(agents),
         "rng": {"python": random.getstate(), "numpy": _plain_numpy_rng_state(), "torch": torch.get_rng_state()},
     }

@@ -4,6 +4,7 @@
       1. sample B prompts                       (every rank: the same seeded sampler)
       2. every agent generates G responses      (rank 0 drives the engine actors, all agents at once)
       3. score all n*B*G responses              (rank 0, reward actor with time limits)
+         1-3: orchestrator/rollouts.py; with rollout.max_staleness = k >= 1 for steps t+1..t+k while t trains
       4. capabilities P_k, advantages A~        (every rank, deterministic from the broadcast rewards)
       5. old log-probs of own responses         (each agent on its ranks, shared with every rank)
       6. learner k: own + bridged rows, M updates of the loss     (each agent on its ranks;
@@ -36,17 +37,18 @@ from hacpo_megatron.config import Config, config_to_dict, dump_config
 from hacpo_megatron.data import PromptSampler, load_prompts
 from hacpo_megatron.models.build import AgentModel
 from hacpo_megatron.models.presets import load_hf_config_dict
-from hacpo_megatron.orchestrator.actors import call_with_restarts
 from hacpo_megatron.orchestrator.preemption import Preempted, PreemptionGuard
 from hacpo_megatron.orchestrator.ray_runtime import RayRuntime, object_store_stats
 from hacpo_megatron.orchestrator.startup import start_actors
+from hacpo_megatron.orchestrator.rollouts import RolloutPipeline, kill_actor
 from hacpo_megatron.orchestrator.weight_delivery import (
-    ENGINE_RETRIES, push_all_weights, push_weights, resend_to_lost_engines, restore_restarted_engines,
+    push_all_weights, push_weights, resend_to_lost_engines, restore_restarted_engines,
 )
 from hacpo_megatron.parallel.groups import AgentParallel, create_agent_groups, init_distributed
 from hacpo_megatron.parallel.layout import required_world_size
 from hacpo_megatron.reporting.records import REQUIRED_KEYS
-from hacpo_megatron.rollout.base import EngineWithoutWeights, SamplingParams
+from hacpo_megatron.orchestrator.actors import call_with_restarts
+from hacpo_megatron.rollout.base import SamplingParams
 from hacpo_megatron.rollout.replay import load_step, save_step
 from hacpo_megatron.rollout.weight_sync import engine_rank
 from hacpo_megatron.training import checkpointing
@@ -161,6 +163,7 @@ def run_hacpo(cfg: Config, options: RunOptions, model_provider: ModelProvider) -
     push_all_weights(agents, options.weight_check)
     time_gemm_peaks_in_turn(list(agents.trainers.values()))  # perf/mfu's denominator, engines loaded and idle
 
+    pipeline = RolloutPipeline(cfg, agents, sampler, reward_actor, G, options, start_step) if agents.engines_running else None
     reporter = _reporter(cfg, agents, options, start_step) if rank == 0 else None
     if rank == 0 and start_step == 0 and cfg.data.eval_every and eval_set:
         reporter.log_eval(0, _evaluate(cfg, agents, eval_set, reward_actor))
@@ -168,7 +171,7 @@ def run_hacpo(cfg: Config, options: RunOptions, model_provider: ModelProvider) -
     preemption = PreemptionGuard.install()
     try:
         for step in range(start_step, cfg.run.total_steps):
-            records = _hacpo_step(step, cfg, spec, agents, sampler, tracker, reward_actor, options, G)
+            records = _hacpo_step(step, cfg, spec, agents, sampler, pipeline, tracker, options, G)
             if rank == 0:
                 reporter.log_step(step + 1, records)
             done = step + 1
@@ -179,7 +182,9 @@ def run_hacpo(cfg: Config, options: RunOptions, model_provider: ModelProvider) -
             stop = preemption.stop_requested()  # collective: a signal to any rank ends the run here
             keeps = cfg.run.mode != "rollout_only"  # rollout_only learns nothing: no checkpoint to keep
             if keeps and (stop or _checkpoint_due(cfg, done)):
-                checkpointing.save(options.output_dir, done, agents, tracker, sampler, keep_last=cfg.checkpoint.keep_last)
+                checkpointing.save(options.output_dir, done, agents, tracker,
+                                   pipeline.sampler_state() if pipeline else sampler.state_dict(),
+                                   keep_last=cfg.checkpoint.keep_last)
             if stop:
                 raise Preempted(preemption.signal_name, done,
                                 checkpointing.step_folder(options.output_dir, done) if keeps else None)
@@ -205,25 +210,29 @@ def run_hacpo(cfg: Config, options: RunOptions, model_provider: ModelProvider) -
 
 
 # ---------------------------------------------------------------------------------------- one step
-def _hacpo_step(step, cfg, spec, agents: Agents, sampler, tracker, reward_actor, options, G) -> List[Dict[str, float]]:
+def _hacpo_step(step, cfg, spec, agents: Agents, sampler, pipeline, tracker, options, G) -> List[Dict[str, float]]:
     rank, n = dist.get_rank(), len(agents.configs)
     times: Dict[str, float] = {}
     t_step = time.perf_counter()
-    prompts = sampler.next_batch()
-    prompt_ids = [render_prompts(tok, prompts) for tok in agents.tokenizers]
-    B = len(prompts)
     if rank == 0 and options.kill_engine_before_step == step:
-        _kill_actor(agents.engines[0])
+        kill_actor(agents.engines[0])
     restore_restarted_engines(agents, options.weight_check)  # an engine Ray restarted since its last push
 
-    # 2-3. rollouts and rewards (run.mode train_only: as saved by an earlier run)
-    if agents.engines_running:
-        rollouts, scores, reward_stats = _generate_and_score(step, cfg, agents, prompts, prompt_ids, reward_actor,
-                                                             options, G, times)
+    # 1-3. prompts, rollouts and rewards (run.mode train_only: as saved by an earlier run)
+    if pipeline is not None:
+        work = pipeline.step_rollouts(step, times)
+        prompts, prompt_ids, rollouts, scores, reward_stats = (work.prompts, work.prompt_ids, work.rollouts,
+                                                                work.scores, work.reward_stats)
+        staleness = ({k: {"staleness/versions_behind": float(step - v)} for k, v in enumerate(work.generated_by)}
+                     if cfg.rollout.max_staleness else {})
     else:
+        prompts = sampler.next_batch()
+        prompt_ids = [render_prompts(tok, prompts) for tok in agents.tokenizers]
         t = time.perf_counter()
         rollouts, scores, reward_stats = load_step(options.load_rollouts, step + 1, agents.names, prompts, G)
         times.update({"time/rollout": time.perf_counter() - t, "time/reward": 0.0})
+        staleness = {}
+    B = len(prompts)
     if options.save_rollouts and rank == 0:
         save_step(options.save_rollouts, step + 1, agents.names, prompts, rollouts, scores, reward_stats)
     if options.leak_mib_per_step and rank == 0:
@@ -255,7 +264,7 @@ def _hacpo_step(step, cfg, spec, agents: Agents, sampler, tracker, reward_actor,
     store = object_store_stats() if agents.engines_running else {}  # at the step's end: back to its baseline?
     for k in range(n):
         record = {**untrained, "step": step + 1, "agent": agents.names[k], "reward_mean": float(rewards[k].mean()),
-                  **gaps.get(k, {}),
+                  **gaps.get(k, {}), **staleness.get(k, {}),
                   "capability": float(capabilities[k]), **per_agent[k], **rollout_stats(rollouts[k]),
                   **{f"omega_from/{agents.names[j]}": float(advantages.omega[j, k]) for j in range(n) if j != k},
                   **{f"reward/{key}": float(v) for key, v in reward_stats.items() if isinstance(v, (int, float))},
@@ -271,6 +280,8 @@ def _train_learners(cfg, spec, agents: Agents, prompts, prompt_ids, rollouts, ad
     #    (rollout.old_logprobs: engine) once that pass has found them close enough on the run's first step
     t = time.perf_counter()
     old, gaps = _behaviour_logprobs(cfg, spec, agents, prompt_ids, rollouts)
+    # answers from older weights (rollout.max_staleness >= 1): the engines' log-probs are the behaviour policy
+    behaviour = [engine_old_logprobs(r) for r in rollouts] if cfg.rollout.max_staleness else None
     reference = {k: _agent_logprobs(agents.trainers[k], agents.references[k], own_sequences(prompt_ids[k], rollouts[k]))
                  for k in agents.references}
     times["time/logprob"] = time.perf_counter() - t
@@ -281,7 +292,7 @@ def _train_learners(cfg, spec, agents: Agents, prompts, prompt_ids, rollouts, ad
         t = time.perf_counter()
         rows, bridge_stats = learner_rows(k, prompts=prompts, rollouts=rollouts, old=old, effective=advantages.effective,
                                           trains_on=advantages.trains_on, tokenizers=agents.tokenizers,
-                                          prompt_ids=prompt_ids, ref_token_logp=reference.get(k))
+                                          prompt_ids=prompt_ids, ref_token_logp=reference.get(k), behaviour=behaviour)
         if spec.cross_old_logprob == "learner":  # Naive: other agents' rows are rated like own ones
             cross = [(r.prompt_ids, r.response_ids) for r in rows if r.is_cross]
             rows = with_learner_old_logprobs(rows, _agent_logprobs(trainer, None, cross))
@@ -297,53 +308,6 @@ def _train_learners(cfg, spec, agents: Agents, prompts, prompt_ids, rollouts, ad
                     "time/bridge": t_bridge, "time/train": t_train, "time/weight_sync": time.perf_counter() - t}
     resend_to_lost_engines(agents, options.weight_check, local)  # an engine that died amid its push: sent again
     return gaps, local
-
-
-def _generate_and_score(step, cfg, agents: Agents, prompts, prompt_ids, reward_actor, options, G, times):
-    """Steps 2-3: every agent's G answers per prompt and their rewards, driven by rank 0, then broadcast; an
-    engine that died is given its weights again and its answers redone."""
-    rank = dist.get_rank()
-    payload = [None]
-    if rank == 0:
-        if options.kill_engine_at_step == step:
-            _kill_actor(agents.engines[0])
-        t = time.perf_counter()
-        rollouts, failed = _generate_all(agents, prompt_ids, _sampling(cfg, G, step))
-        times["time/rollout"] = time.perf_counter() - t
-        payload = [(rollouts, failed)]
-        if options.kill_engine_in_sync_at_step == step:
-            ray.get(agents.engines[0].crash_in_next_bucket.remote())
-    dist.broadcast_object_list(payload, src=0)
-    rollouts, failed = payload[0]
-    for attempt in range(ENGINE_RETRIES):
-        if not failed:
-            break  # an engine died: its restarted actor gets the weights again, then the rollout is redone
-        if rank == 0:
-            print(f"step {step + 1}: the engines of {[agents.names[k] for k in failed]} died while generating: "
-                  "pushing their weights to the restarted engines, then generating again", flush=True)
-        push_all_weights(agents, options.weight_check, only=failed)
-        payload = [None]
-        if rank == 0:
-            redo, failed = _generate_all(agents, prompt_ids, _sampling(cfg, G, step), only=failed)
-            for k, completions in redo.items():
-                rollouts[k] = completions
-            payload = [(rollouts, failed)]
-        dist.broadcast_object_list(payload, src=0)
-        rollouts, failed = payload[0]
-    if failed:
-        raise RuntimeError(f"rollout engines of agents {failed} failed {ENGINE_RETRIES + 1} times at step {step}")
-
-    payload = [None]
-    if rank == 0:
-        if options.kill_reward_at_step == step:
-            ray.get(reward_actor.crash_in_next_call.remote())  # dies inside the scoring call below
-        t = time.perf_counter()
-        scores, reward_stats = call_with_restarts(reward_actor, "score", reward_items(prompts, rollouts))
-        times["time/reward"] = time.perf_counter() - t
-        payload = [(scores, reward_stats)]
-    dist.broadcast_object_list(payload, src=0)
-    scores, reward_stats = payload[0]
-    return rollouts, scores, reward_stats
 
 
 def _reportable(metrics: Dict[str, float], parallel: AgentParallel) -> Dict[str, float]:
@@ -377,30 +341,6 @@ def _mean_over_updates(updates: List[Dict[str, float]]) -> Dict[str, float]:
 
 
 # ---------------------------------------------------------------------------------------- phases
-def _generate_all(agents: Agents, prompt_ids, params_for, only: Optional[Sequence[int]] = None):
-    """Every agent's engine generates at once (Ray futures); agents whose actor died are returned."""
-    targets = list(only) if only is not None else list(range(len(agents.configs)))
-    futures = {k: agents.engines[k].generate.remote(prompt_ids[k], params_for(k)) for k in targets}
-    results, failed = {}, []
-    for k, future in futures.items():
-        try:
-            results[k] = ray.get(future)
-        except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError, EngineWithoutWeights):
-            failed.append(k)  # died while generating, or restarted just before
-    if only is not None:
-        return results, failed
-    return [results.get(k) for k in range(len(agents.configs))], failed
-
-
-def _sampling(cfg: Config, G: int, step: int) -> Callable[[int], SamplingParams]:
-    """Per-agent sampling parameters; the seed depends only on (run seed, step, agent): resumable."""
-    def for_agent(k: int) -> SamplingParams:
-        return SamplingParams(n=G, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
-                              max_new_tokens=cfg.rollout.max_response_length,
-                              seed=(cfg.run.seed * 1_000_003 + step * 1_009 + k) % (2**31))
-    return for_agent
-
-
 def _behaviour_logprobs(cfg: Config, spec, agents: Agents, prompt_ids, rollouts):
     """Every agent's old log-probs, and {k: engine/trainer gap} on the steps that ran the trainer's pass."""
     if cfg.rollout.old_logprobs == "engine" and agents.engine_logprobs_checked:
@@ -495,12 +435,6 @@ def _checkpoint_due(cfg: Config, done: int) -> bool:
 
 
 _LEAKED: List[Any] = []  # RunOptions.leak_mib_per_step: a leak the soak tool's test must find
-
-
-def _kill_actor(handle) -> None:
-    """Fault injection: end the actor's process as a crash would (Ray restarts it)."""
-    ray.kill(handle, no_restart=False)
-    time.sleep(1.0)
 
 
 def _hyperparams(cfg: Config, agent_cfg) -> TrainHyperparams:

@@ -15,6 +15,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from hacpo_megatron.algorithms.staleness import DEFAULT_BEHAVIOUR_WEIGHT_CAP, behaviour_weights
 from hacpo_megatron.bridge import bridge_responses, render_prompt
 from hacpo_megatron.data.records import PromptRecord
 from hacpo_megatron.rewards import RewardItem
@@ -93,15 +94,30 @@ def learner_rows(
     tokenizers: Sequence,
     prompt_ids: Sequence[Sequence[List[int]]],
     ref_token_logp: Optional[Sequence[List[float]]] = None,
+    behaviour: Optional[Sequence[OldLogProbs]] = None,
 ) -> Tuple[List[SequenceRow], Dict[str, float]]:
     """Learner k's rows for the step, and how many bridged responses were dropped (empty for k).
 
     Own rows keep the sampled ids, the learner's own old mean log-prob and per-token log-probs.
     Other agents' rows are bridged into k's tokens and carry the source's sum / L_j.
+
+    `behaviour` (rollout.max_staleness >= 1: every agent's engine log-probs, from the weights that generated the
+    answers): `old` is then the proximal policy (the trainer's pass at this step's weights) of own rows, whose
+    advantages carry the behaviour weight (algorithms/staleness.py), and other agents' rows divide by their
+    engine's log-probs instead of their trainer's present ones (docs/algorithm.md, "Answers from older weights").
     """
     n, B, G = effective.shape[1], len(prompts), len(rollouts[0][0])
     rows: List[SequenceRow] = []
     dropped = 0
+    stats: Dict[str, float] = {}
+    weights = None
+    if behaviour is not None and trains_on[k, k]:
+        weights = behaviour_weights(torch.tensor(old[k].sums, dtype=torch.float64),
+                                    torch.tensor(behaviour[k].sums, dtype=torch.float64),
+                                    torch.tensor(old[k].lengths))
+        stats = {"staleness/behaviour_weight_mean": float(weights.mean()),
+                 "staleness/behaviour_weight_capped_frac": float((weights >= DEFAULT_BEHAVIOUR_WEIGHT_CAP).double().mean())}
+    source_sums = [(behaviour if behaviour is not None else old)[j].sums for j in range(n)]
     for j in range(n):
         if not trains_on[k, j]:
             continue
@@ -111,7 +127,8 @@ def learner_rows(
                     index = b * G + i
                     rows.append(SequenceRow(
                         prompt_ids=prompt_ids[k][b], response_ids=completion.token_ids,
-                        advantage=float(effective[k, k, b, i]), old_seq_logp=old[k].mean(index), is_cross=False,
+                        advantage=float(effective[k, k, b, i]) * (float(weights[index]) if weights is not None else 1.0),
+                        old_seq_logp=old[k].mean(index), is_cross=False,
                         source=k, prompt_index=b, sample_index=i, old_token_logp=old[k].tokens[index],
                         ref_token_logp=ref_token_logp[index] if ref_token_logp is not None else None))
             continue
@@ -119,7 +136,7 @@ def learner_rows(
         bridged = bridge_responses(
             tokenizers[j], tokenizers[k], [c.token_ids for c in flat],
             prompts_messages=[prompts[b].messages for b in range(B) for _ in range(G)],
-            source_logprob_sums=old[j].sums, finish_reasons=[c.finish_reason for c in flat])
+            source_logprob_sums=source_sums[j], finish_reasons=[c.finish_reason for c in flat])
         for index, response in enumerate(bridged):
             b, i = divmod(index, G)
             if response.learner_length == 0:  # control tokens only: nothing for k to learn from
@@ -129,7 +146,7 @@ def learner_rows(
                 prompt_ids=response.prompt_ids, response_ids=response.response_ids,
                 advantage=float(effective[k, j, b, i]), old_seq_logp=response.old_seq_logp, is_cross=True,
                 source=j, prompt_index=b, sample_index=i))
-    return rows, {"bridge/dropped": float(dropped)}
+    return rows, {"bridge/dropped": float(dropped), **stats}
 
 
 def with_learner_old_logprobs(rows: Sequence[SequenceRow], cross_token_logp: Sequence[List[float]]) -> List[SequenceRow]:

@@ -1,0 +1,154 @@
+"""Each step's answers and rewards (steps 1-3 of Algorithm 1), generated up to rollout.max_staleness steps ahead.
+
+    pipeline = RolloutPipeline(cfg, agents, sampler, reward_actor, G, options, start_step)
+    work = pipeline.step_rollouts(step, times)   # every rank: prompts, answers, scores, weight versions
+    ... train step `step`, push the new weights ...
+    pipeline.sampler_state()                     # what a checkpoint keeps of the sampler (in-flight steps undrawn)
+
+With k = 0 a step's prompts are drawn and answered when the step begins: the synchronous loop, the paper's
+algorithm. With k >= 1 the engines answer steps t+1 .. t+k while the learners train step t (orchestrator/pipeline.py
+says why each answer's weight version is known without asking the engines); the learners then correct for the
+older weights (docs/algorithm.md, "Answers from older weights"). Rank 0 drives the engines and the reward actor and
+broadcasts what they return. An engine that died is given the current weights again and answers its step again, from
+those weights: its rows are then on-policy (`generated_by` per agent says so).
+
+A checkpoint does not keep answers in flight: a resumed run draws those steps' prompts again (`sampler_state`) and
+generates them from the checkpoint's weights, so nothing is trained twice or skipped; its first steps are then
+less stale than the uninterrupted run's were (docs/algorithm.md).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List
+
+import ray
+import torch.distributed as dist
+
+from hacpo_megatron.orchestrator.actors import call_with_restarts
+from hacpo_megatron.orchestrator.pipeline import GenerationSchedule
+from hacpo_megatron.orchestrator.weight_delivery import ENGINE_RETRIES, push_all_weights
+from hacpo_megatron.rollout.base import EngineWithoutWeights, SamplingParams
+from hacpo_megatron.training.step_data import render_prompts, reward_items
+
+
+@dataclass
+class StepRollouts:
+    prompts: list
+    prompt_ids: List[List[List[int]]]  # [agent][prompt] token ids, each agent's own rendering
+    rollouts: list  # [agent][prompt][sample] Completion
+    scores: List[float]
+    reward_stats: Dict[str, Any]
+    generated_by: List[int]  # per agent: the weight version (training steps done) its answers came from
+
+
+class RolloutPipeline:
+    def __init__(self, cfg: Any, agents: Any, sampler: Any, reward_actor: Any, G: int, options: Any, start_step: int):
+        self.cfg, self.agents, self.reward_actor, self.G, self.options = cfg, agents, reward_actor, G, options
+        self.sampler = sampler
+        self.schedule = GenerationSchedule(max_staleness=cfg.rollout.max_staleness, total_steps=cfg.run.total_steps,
+                                           next_prompts=sampler.next_batch, launch=self._launch,
+                                           snapshot=sampler.state_dict)
+        self.schedule.start_at(start_step)
+
+    def step_rollouts(self, step: int, times: Dict[str, float]) -> StepRollouts:
+        """Step `step`'s answers and rewards on every rank (launching the steps up to `step` + k first)."""
+        self.schedule.launch_up_to(step, trained=step)
+        work = self.schedule.take(step)
+        prompt_ids = [render_prompts(tok, work.prompts) for tok in self.agents.tokenizers]
+        generated_by = [work.generated_by] * len(self.agents.configs)
+        rollouts = self._collect(step, work.handles, prompt_ids, generated_by, times)
+        scores, reward_stats = self._score(step, work.prompts, rollouts, times)
+        return StepRollouts(work.prompts, prompt_ids, rollouts, scores, reward_stats, generated_by)
+
+    def sampler_state(self) -> Dict[str, Any]:
+        """The sampler as it would be had the steps in flight never been drawn (a checkpoint drops them)."""
+        in_flight = self.schedule.in_flight()
+        return in_flight[0].before if in_flight else self.sampler.state_dict()
+
+    # ------------------------------------------------------------------------------------------------ rank 0
+    def _launch(self, step: int, prompts: list) -> Dict[int, Any]:
+        """Rank 0: every agent's generation of `step` queued on its engine (Ray futures); elsewhere nothing."""
+        if dist.get_rank() != 0:
+            return {}
+        if self.options.kill_engine_at_step == step:
+            kill_actor(self.agents.engines[0])
+        params = sampling(self.cfg, self.G, step)
+        return {k: self.agents.engines[k].generate.remote(render_prompts(tok, prompts), params(k))
+                for k, tok in enumerate(self.agents.tokenizers)}
+
+    def _collect(self, step: int, handles: Dict[int, Any], prompt_ids, generated_by: List[int],
+                 times: Dict[str, float]) -> list:
+        """The answers of `handles`, broadcast from rank 0; an engine that died is given its weights again and
+        answers again (then from the current weights, version `step`)."""
+        agents, rank = self.agents, dist.get_rank()
+        payload: List[Any] = [None]
+        if rank == 0:
+            t = time.perf_counter()
+            results, failed = wait_for_generations(handles)
+            times["time/rollout"] = time.perf_counter() - t  # the wait: all of the generation when k = 0
+            payload = [([results.get(k) for k in range(len(agents.configs))], failed)]
+            if self.options.kill_engine_in_sync_at_step == step:
+                ray.get(agents.engines[0].crash_in_next_bucket.remote())
+        dist.broadcast_object_list(payload, src=0)
+        rollouts, failed = payload[0]
+        for attempt in range(ENGINE_RETRIES):
+            if not failed:
+                break  # an engine died: its restarted actor gets the weights again, then the rollout is redone
+            if rank == 0:
+                print(f"step {step + 1}: the engines of {[agents.names[k] for k in failed]} died while generating: "
+                      "pushing their weights to the restarted engines, then generating again", flush=True)
+            push_all_weights(agents, self.options.weight_check, only=failed)
+            for k in failed:
+                generated_by[k] = step
+            payload = [None]
+            if rank == 0:
+                params = sampling(self.cfg, self.G, step)
+                redo, failed = wait_for_generations(
+                    {k: agents.engines[k].generate.remote(prompt_ids[k], params(k)) for k in failed})
+                for k, completions in redo.items():
+                    rollouts[k] = completions
+                payload = [(rollouts, failed)]
+            dist.broadcast_object_list(payload, src=0)
+            rollouts, failed = payload[0]
+        if failed:
+            raise RuntimeError(f"rollout engines of agents {failed} failed {ENGINE_RETRIES + 1} times at step {step}")
+        return rollouts
+
+    def _score(self, step: int, prompts: list, rollouts: list, times: Dict[str, float]):
+        payload: List[Any] = [None]
+        if dist.get_rank() == 0:
+            if self.options.kill_reward_at_step == step:
+                ray.get(self.reward_actor.crash_in_next_call.remote())  # dies inside the scoring call below
+            t = time.perf_counter()
+            payload = [call_with_restarts(self.reward_actor, "score", reward_items(prompts, rollouts))]
+            times["time/reward"] = time.perf_counter() - t
+        dist.broadcast_object_list(payload, src=0)
+        return payload[0]
+
+
+def wait_for_generations(handles: Dict[int, Any]):
+    """({agent: its answers}, [agents whose engine died while generating, or restarted just before])."""
+    results, failed = {}, []
+    for k, future in handles.items():
+        try:
+            results[k] = ray.get(future)
+        except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError, EngineWithoutWeights):
+            failed.append(k)
+    return results, failed
+
+
+def sampling(cfg: Any, G: int, step: int) -> Callable[[int], SamplingParams]:
+    """Per-agent sampling parameters; the seed depends only on (run seed, step, agent): resumable."""
+    def for_agent(k: int) -> SamplingParams:
+        return SamplingParams(n=G, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
+                              max_new_tokens=cfg.rollout.max_response_length,
+                              seed=(cfg.run.seed * 1_000_003 + step * 1_009 + k) % (2**31))
+    return for_agent
+
+
+def kill_actor(handle: Any) -> None:
+    """Fault injection for tests: end the actor's process as a crash would (Ray restarts it)."""
+    ray.kill(handle, no_restart=False)
+    time.sleep(1.0)
+
