@@ -156,6 +156,10 @@ def test_updates_per_step_follow_the_algorithm(tmp_path, overrides, message):
         ("logging.trackers=[tensorboard, neptune]", "logging.trackers.1: 'neptune' is not one of 'tensorboard'"),
         ("logging.trackers=[wandb, mlflow, wandb]", "logging.trackers: wandb listed more than once"),
         ("logging.project=' '", "logging.project: must not be empty"),
+        ("rollout.max_staleness=1", None),
+        ("rollout.max_staleness=-1", "rollout.max_staleness: must be >= 0"),
+        ("run.mode=rollout_only;rollout.max_staleness=1", "run.mode 'rollout_only' has only one of them"),
+        ("rollout.max_staleness=2;rollout.old_logprobs=engine", "must be trainer with rollout.max_staleness >= 1"),
     ],
 )
 def test_out_of_range_values_are_rejected(tmp_path, override, message):
