@@ -48,6 +48,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser.add_argument("--kill-reward-at-step", type=int, default=None, help=argparse.SUPPRESS)  # tests
     parser.add_argument("--kill-engine-in-sync-at-step", type=int, default=None, help=argparse.SUPPRESS)  # tests
     parser.add_argument("--kill-engine-before-step", type=int, default=None, help=argparse.SUPPRESS)  # tests
+    parser.add_argument("--kill-engine-in-eval-at-step", type=int, default=None, help=argparse.SUPPRESS)  # tests
     parser.add_argument("--leak-mib-per-step", type=int, default=0, help=argparse.SUPPRESS)  # tools/soak.py's test
     return parser.parse_args(argv)
 

@@ -4,6 +4,7 @@
     work = pipeline.step_rollouts(step, times)   # every rank: prompts, answers, scores, weight versions
     ... train step `step`, push the new weights ...
     pipeline.sampler_state()                     # what a checkpoint keeps of the sampler (in-flight steps undrawn)
+    held_out_accuracy(cfg, agents, eval_set, reward_actor, options, done)   # every rank; figures on rank 0
 
 With k = 0 a step's prompts are drawn and answered when the step begins: the synchronous loop, the paper's
 algorithm. With k >= 1 the engines answer steps t+1 .. t+k while the learners train step t (orchestrator/pipeline.py
@@ -22,12 +23,13 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List
 
+import numpy as np
 import ray
 import torch.distributed as dist
 
 from hacpo_megatron.orchestrator.actors import call_with_restarts
 from hacpo_megatron.orchestrator.pipeline import GenerationSchedule
-from hacpo_megatron.orchestrator.weight_delivery import ENGINE_RETRIES, push_all_weights
+from hacpo_megatron.orchestrator.weight_delivery import ENGINE_RETRIES, push_all_weights, restore_restarted_engines
 from hacpo_megatron.rollout.base import EngineWithoutWeights, SamplingParams
 from hacpo_megatron.training.step_data import render_prompts, reward_items
 
@@ -125,6 +127,46 @@ class RolloutPipeline:
             times["time/reward"] = time.perf_counter() - t
         dist.broadcast_object_list(payload, src=0)
         return payload[0]
+
+
+def held_out_accuracy(cfg: Any, agents: Any, eval_set: list, reward_actor: Any, options: Any, done: int) -> Dict[str, float]:
+    """Held-out accuracy of every agent (on rank 0; {} elsewhere): the mean score of its answers (greedy, or k
+    samples with a seed that is the same at every evaluation, so successive evaluations differ by the weights
+    only). Collective: an engine that died (Ray's memory monitor ends actors when the machine passes 95 % of its
+    memory) is given its weights again by its ranks and answers again, as in a training step."""
+    d, rank = cfg.data, dist.get_rank()
+    params = SamplingParams(n=d.eval_samples, greedy=d.eval_greedy, temperature=cfg.rollout.temperature,
+                            top_p=cfg.rollout.top_p, max_new_tokens=cfg.rollout.max_response_length,
+                            seed=cfg.run.seed + 99_991)
+    pending = list(range(len(agents.configs)))
+    answers: Dict[int, Any] = {}
+    for attempt in range(ENGINE_RETRIES + 1):
+        restore_restarted_engines(agents, options.weight_check)  # restarted since their last push: weights again
+        failed: List[Any] = [None]
+        if rank == 0:
+            handles = {k: agents.engines[k].generate.remote(render_prompts(agents.tokenizers[k], eval_set), params)
+                       for k in pending}
+            if options.kill_engine_in_eval_at_step == done and attempt == 0:
+                kill_actor(agents.engines[0])
+            results, failed[0] = wait_for_generations(handles)
+            answers.update(results)
+        dist.broadcast_object_list(failed, src=0)
+        pending = failed[0]
+        if not pending:
+            break
+        if rank == 0:
+            print(f"evaluation after step {done}: the engines of {[agents.names[k] for k in pending]} died while "
+                  "answering: pushing their weights again, then answering again", flush=True)
+    if pending:
+        raise RuntimeError(f"rollout engines of agents {pending} failed {ENGINE_RETRIES + 1} times in the evaluation "
+                           f"after step {done}")
+    if rank != 0:
+        return {}
+    accuracies = {}
+    for k in range(len(agents.configs)):
+        scores, _ = call_with_restarts(reward_actor, "score", reward_items(eval_set, [answers[k]]))
+        accuracies[agents.names[k]] = float(np.mean(scores))
+    return accuracies
 
 
 def wait_for_generations(handles: Dict[int, Any]):

@@ -23,7 +23,7 @@ import os
 import random
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
 import ray
@@ -40,15 +40,13 @@ from hacpo_megatron.models.presets import load_hf_config_dict
 from hacpo_megatron.orchestrator.preemption import Preempted, PreemptionGuard
 from hacpo_megatron.orchestrator.ray_runtime import RayRuntime, object_store_stats
 from hacpo_megatron.orchestrator.startup import start_actors
-from hacpo_megatron.orchestrator.rollouts import RolloutPipeline, kill_actor
+from hacpo_megatron.orchestrator.rollouts import RolloutPipeline, held_out_accuracy, kill_actor
 from hacpo_megatron.orchestrator.weight_delivery import (
     push_all_weights, push_weights, resend_to_lost_engines, restore_restarted_engines,
 )
 from hacpo_megatron.parallel.groups import AgentParallel, create_agent_groups, init_distributed
 from hacpo_megatron.parallel.layout import required_world_size
 from hacpo_megatron.reporting.records import REQUIRED_KEYS
-from hacpo_megatron.orchestrator.actors import call_with_restarts
-from hacpo_megatron.rollout.base import SamplingParams
 from hacpo_megatron.rollout.replay import load_step, save_step
 from hacpo_megatron.rollout.weight_sync import engine_rank
 from hacpo_megatron.training import checkpointing
@@ -56,7 +54,7 @@ from hacpo_megatron.training.batch import UpdateSchedule, mini_batches
 from hacpo_megatron.training.preflight import check_inputs
 from hacpo_megatron.training.step_data import (
     OldLogProbs, check_engine_logprobs, drop_overlong_prompts, engine_old_logprobs, learner_rows, own_sequences,
-    render_prompts, reward_items, rewards_tensor, rollout_stats, with_learner_old_logprobs,
+    render_prompts, rewards_tensor, rollout_stats, with_learner_old_logprobs,
 )
 from hacpo_megatron.training.trainer import AgentTrainer, TrainHyperparams, time_gemm_peaks_in_turn
 
@@ -73,6 +71,7 @@ class RunOptions:
     kill_reward_at_step: Optional[int] = None  # ... or the reward actor, once
     kill_engine_in_sync_at_step: Optional[int] = None  # ... or agent 0's engine amid that step's weight push
     kill_engine_before_step: Optional[int] = None  # ... or before the step begins, unseen (as Ray's memory monitor)
+    kill_engine_in_eval_at_step: Optional[int] = None  # ... or while it answers the held-out problems after that step
     weight_check: bool = False  # verify engine weights after every sync
     leak_mib_per_step: int = 0  # tests of tools/soak.py: rank 0 keeps every step's rollouts and this much more alive
     save_rollouts: Optional[str] = None  # write every step's answers and rewards here (rollout/replay.py)
@@ -165,8 +164,10 @@ def run_hacpo(cfg: Config, options: RunOptions, model_provider: ModelProvider) -
 
     pipeline = RolloutPipeline(cfg, agents, sampler, reward_actor, G, options, start_step) if agents.engines_running else None
     reporter = _reporter(cfg, agents, options, start_step) if rank == 0 else None
-    if rank == 0 and start_step == 0 and cfg.data.eval_every and eval_set:
-        reporter.log_eval(0, _evaluate(cfg, agents, eval_set, reward_actor))
+    if start_step == 0 and cfg.data.eval_every and eval_set:
+        accuracies = held_out_accuracy(cfg, agents, eval_set, reward_actor, options, done=0)  # collective
+        if rank == 0:
+            reporter.log_eval(0, accuracies)
     finished = False
     preemption = PreemptionGuard.install()
     try:
@@ -176,9 +177,9 @@ def run_hacpo(cfg: Config, options: RunOptions, model_provider: ModelProvider) -
                 reporter.log_step(step + 1, records)
             done = step + 1
             if cfg.data.eval_every and eval_set and (done % cfg.data.eval_every == 0 or done == cfg.run.total_steps):
-                restore_restarted_engines(agents, options.weight_check)  # collective
+                accuracies = held_out_accuracy(cfg, agents, eval_set, reward_actor, options, done)  # collective
                 if rank == 0:
-                    reporter.log_eval(done, _evaluate(cfg, agents, eval_set, reward_actor))
+                    reporter.log_eval(done, accuracies)
             stop = preemption.stop_requested()  # collective: a signal to any rank ends the run here
             keeps = cfg.run.mode != "rollout_only"  # rollout_only learns nothing: no checkpoint to keep
             if keeps and (stop or _checkpoint_due(cfg, done)):
@@ -388,23 +389,6 @@ def _agent_logprobs(trainer: AgentTrainer, model: Optional[AgentModel], sequence
     for r, share in enumerate(shares):
         out[r::parallel.dp_size] = share
     return out
-
-
-def _evaluate(cfg: Config, agents: Agents, eval_set, reward_actor) -> Dict[str, float]:
-    """Held-out accuracy of every agent: the mean score of its answers (greedy, or k samples with a
-    seed that is the same at every evaluation, so successive evaluations differ by the weights only)."""
-    d = cfg.data
-    params = SamplingParams(n=d.eval_samples, greedy=d.eval_greedy, temperature=cfg.rollout.temperature,
-                            top_p=cfg.rollout.top_p, max_new_tokens=cfg.rollout.max_response_length,
-                            seed=cfg.run.seed + 99_991)
-    futures = {k: agents.engines[k].generate.remote(render_prompts(agents.tokenizers[k], eval_set), params)
-               for k in range(len(agents.configs))}
-    accuracies = {}
-    for k, future in futures.items():
-        completions = ray.get(future)
-        scores, _ = call_with_restarts(reward_actor, "score", reward_items(eval_set, [completions]))
-        accuracies[agents.names[k]] = float(np.mean(scores))
-    return accuracies
 
 
 # ---------------------------------------------------------------------------------------- set-up
