@@ -193,4 +193,3 @@ def kill_actor(handle: Any) -> None:
     """Fault injection for tests: end the actor's process as a crash would (Ray restarts it)."""
     ray.kill(handle, no_restart=False)
     time.sleep(1.0)
-

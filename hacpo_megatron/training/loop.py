@@ -39,8 +39,8 @@ from hacpo_megatron.models.build import AgentModel
 from hacpo_megatron.models.presets import load_hf_config_dict
 from hacpo_megatron.orchestrator.preemption import Preempted, PreemptionGuard
 from hacpo_megatron.orchestrator.ray_runtime import RayRuntime, object_store_stats
-from hacpo_megatron.orchestrator.startup import start_actors
 from hacpo_megatron.orchestrator.rollouts import RolloutPipeline, held_out_accuracy, kill_actor
+from hacpo_megatron.orchestrator.startup import start_actors
 from hacpo_megatron.orchestrator.weight_delivery import (
     push_all_weights, push_weights, resend_to_lost_engines, restore_restarted_engines,
 )

@@ -230,7 +230,7 @@ def test_rollout_one_step_ahead_of_training_then_resumed(reference_run, tmp_path
     twice, none skipped."""
     out, saved = tmp_path / "run", tmp_path / "rollouts"
     config = small_config(tmp_path, cache, rollout={"max_staleness": 1}, run={"total_steps": 2},
-                          checkpoint={"save_every": 1})
+                          checkpoint={"save_every": 1}, data={"eval_every": 0})  # held-out: not the point here
     run(config, out, "--save-rollouts", str(saved))
     config["run"]["total_steps"] = 3
     run(config, out, "--resume", "--save-rollouts", str(saved))
