@@ -1,9 +1,8 @@
 """`python -m hacpo_megatron.launch` (what `make run` runs): a user's mistake is one line, exit code 2,
-within seconds, before torchrun, process groups, models or Ray exist."""
+before torchrun, process groups, models or Ray exist."""
 import os
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -16,22 +15,22 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     ("agents.0.init_from=/no/model", "agents.0 (qwen3-tiny).init_from: /no/model: no such folder"),
     ("agents.1.tokenizer=/no/tokenizer", "agents.1 (llama-tiny).tokenizer: unknown tokenizer '/no/tokenizer'"),
 ])
-def test_a_user_mistake_is_one_line_and_exit_code_2_within_seconds(tmp_path, override, message):
+def test_a_user_mistake_is_one_line_and_exit_code_2_before_any_work(tmp_path, override, message):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"question": "What is 1 + 1?", "answer": "2"}\n{oops\n')
     override = override.replace("{bad}", str(bad))
     message = message.replace("{bad}", str(bad))
     env = dict(os.environ, PYTHONWARNINGS="ignore")
-    start = time.time()
     result = subprocess.run([sys.executable, "-m", "hacpo_megatron.launch", "--set", override,
                              "--output-dir", str(tmp_path / "run")], cwd=REPO, env=env, capture_output=True,
                             text=True, timeout=120)
-    elapsed = time.time() - start
     assert result.returncode == 2, result.stderr[-2000:]
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"error: {message}"), result.stderr
     assert "Traceback" not in result.stdout + result.stderr
-    assert elapsed < 15  # before any process group, model or actor (CI machines are slow: 5 s here)
+    # before any work: no torchrun (its banner), no Ray, no warm-up, nothing written (not a time bound: a loaded
+    # machine makes the imports slow, while what matters is that nothing started)
+    assert result.stdout == "" and not (tmp_path / "run").exists()
 
 
 def test_resume_without_any_checkpoint_is_a_user_mistake(tmp_path):
