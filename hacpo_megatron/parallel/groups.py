@@ -255,17 +255,19 @@ def collective_timeout() -> timedelta:
     return timedelta(seconds=seconds)
 
 
+def _ranks_per_machine() -> int:
+    return int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))
+
+
 def local_gpu(rank: int) -> int:
     """The GPU of a torchrun rank on its machine: its local rank, wrapped round when a machine runs more
     ranks than it has GPUs (two one-GPU agents on a one-GPU machine share it)."""
-    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))
-    return (rank % local_world) % max(torch.cuda.device_count(), 1)
+    return (rank % _ranks_per_machine()) % max(torch.cuda.device_count(), 1)
 
 
 def gpus_shared() -> bool:
     """Do ranks of this machine share a GPU? NCCL refuses a communicator with two ranks on one device."""
-    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))
-    return torch.cuda.is_available() and local_world > torch.cuda.device_count()
+    return torch.cuda.is_available() and _ranks_per_machine() > torch.cuda.device_count()
 
 
 def group_backend(ranks: Sequence[int], default: Optional[str] = None) -> Optional[str]:
