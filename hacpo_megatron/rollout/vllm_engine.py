@@ -22,6 +22,8 @@ from __future__ import annotations
 import gc
 import io
 import os
+import threading
+from multiprocessing import connection
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -112,6 +114,7 @@ class VLLMEngine(RolloutEngine):
                 skip_tokenizer_init=tokenizer is not None,
                 **engine_kwargs,
             )
+        watch_engine_core(self.llm.llm_engine.engine_core)
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> List[List[Completion]]:
         from vllm import SamplingParams as VllmSamplingParams
@@ -212,6 +215,39 @@ class VLLMEngine(RolloutEngine):
         from vllm.v1.engine.exceptions import EngineDeadError
 
         return isinstance(error, EngineDeadError) or isinstance(error.__cause__, EngineDeadError)
+
+
+def watch_engine_core(client: Any) -> None:
+    """Make every call of this process fail with EngineDeadError once vLLM's engine core process dies,
+    whenever it dies.
+
+    vLLM's own monitor (0.32) shuts its client down when the core exits, but a `generate` or
+    `collective_rpc` already waiting then waits forever: the thread that feeds it answers exits without
+    a word, and a call sent in the moment between the death and the monitor's flag is never answered
+    either. A killed core (the kernel ending it for its memory, on the first pair run) would then hang
+    its engine actor instead of ending it for Ray to restart. This watch wakes every waiter with the
+    error vLLM itself raises for a dead core (`VLLMEngine.process_lost`). No-op for an in-process core.
+    """
+    from vllm.v1.engine.exceptions import EngineDeadError
+
+    resources = getattr(client, "resources", None)
+    manager = getattr(resources, "engine_manager", None)
+    processes = list(getattr(manager, "processes", []))
+    if not processes or not hasattr(client, "outputs_queue"):
+        return
+
+    # what vLLM's own output thread holds too, never the client: `del llm` must still shut the core down
+    outputs, utility_calls, sentinels = client.outputs_queue, client.utility_results, [p.sentinel for p in processes]
+
+    def wake_every_waiter() -> None:
+        connection.wait(sentinels)  # returns when any core exits (or is shut down with its LLM)
+        resources.engine_dead = True  # later calls raise at once (vLLM's ensure_alive)
+        outputs.put_nowait(EngineDeadError())  # the step loop waiting for outputs
+        for future in list(utility_calls.values()):  # collective_rpc and other utility calls
+            if not future.done():
+                future.set_exception(EngineDeadError())
+
+    threading.Thread(target=wake_every_waiter, daemon=True, name="hacpo-engine-core-watch").start()
 
 
 # ------------------------------------------------------------------------------------- in vLLM workers

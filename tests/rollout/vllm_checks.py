@@ -36,23 +36,37 @@ def teacher_forced(model, prompt, tokens, temperature):
 
 
 def lose_engine_core(engine, prompts):
-    """Kill vLLM's engine core process (as the kernel does when memory runs out), then generate: what
-    the error is, and whether the engine says its own process is gone (the engine actor's cue to exit)."""
+    """Kill vLLM's engine core process (as the kernel does when memory runs out) while a generation is
+    under way, then generate again: what each call raises, and whether the engine says its own process
+    is gone (the engine actor's cue to exit). vLLM alone leaves the first call waiting forever
+    (`vllm_engine.watch_engine_core`)."""
+    import threading
+    import time
+
     import psutil
 
     from hacpo_megatron.rollout.base import SamplingParams
 
-    children = psutil.Process().children(recursive=True)
-    cores = [p for p in children if "EngineCore" in p.name() or "EngineCore" in " ".join(p.cmdline())]
-    for process in cores:
-        process.kill()
-    psutil.wait_procs(cores, timeout=30)
-    try:
-        engine.generate(prompts[:1], SamplingParams(n=1, max_new_tokens=2, seed=0))
-    except Exception as error:  # noqa: BLE001 - what vLLM raises is the fact under test
-        return {"killed": len(cores), "error": type(error).__name__, "process_lost": engine.process_lost(error),
-                "other_error_is_a_loss": engine.process_lost(ValueError("a bad prompt"))}
-    return {"killed": len(cores), "error": None}
+    cores = [p for p in psutil.Process().children(recursive=True)
+             if "EngineCore" in p.name() or "EngineCore" in " ".join(p.cmdline())]
+
+    def kill_while_generating():
+        time.sleep(1.0)
+        for process in cores:
+            process.kill()
+
+    long_answers = SamplingParams(n=4, max_new_tokens=200, seed=0)
+    threading.Thread(target=kill_while_generating, daemon=True).start()
+    errors = []
+    for _ in range(2):  # the generation under way when the core dies, then one started after
+        try:
+            while True:  # each batch takes ~1 s: keep generating until the kill lands
+                engine.generate(prompts * 2, long_answers)
+        except Exception as error:  # noqa: BLE001 - what vLLM raises is the fact under test
+            errors.append(error)
+    return {"killed": len(cores), "errors": [type(e).__name__ for e in errors],
+            "process_lost": [engine.process_lost(e) for e in errors],
+            "other_error_is_a_loss": engine.process_lost(ValueError("a bad prompt"))}
 
 
 def main(out_path, workdir):
@@ -187,6 +201,9 @@ def gemma3_main(out_path, workdir):
 
 
 if __name__ == "__main__":
+    import faulthandler
+
+    faulthandler.dump_traceback_later(600, exit=True)  # a hang shows where, well before test_vllm's timeout
     if sys.argv[3:] == ["gemma3"]:
         gemma3_main(sys.argv[1], sys.argv[2])
     else:
