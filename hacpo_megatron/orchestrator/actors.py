@@ -28,6 +28,7 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 import ray
 import torch
 
+from hacpo_megatron.orchestrator.pipeline import TimedAnswers
 from hacpo_megatron.rollout.base import (
     Completion, EngineLost, EngineWithoutWeights, RolloutEngine, SamplingParams, WeightCheck,
 )
@@ -126,6 +127,12 @@ class EngineActor:
             raise EngineWithoutWeights(f"engine actor {os.getpid()} has no complete set of the trainer's weights "
                                        "(restarted, or in the middle of an update)")
         return self.engine.generate(prompts, params)
+
+    def generate_timed(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> TimedAnswers:
+        """`generate`, with when it ran (the training steps' overlap metrics: orchestrator/pipeline.PhaseClock)."""
+        started = time.time()
+        answers = self.generate(prompts, params)
+        return TimedAnswers(answers, started, time.time())
 
     @restarts_when_engine_lost
     def begin_weight_update(self) -> None:

@@ -20,7 +20,7 @@ With k = 0 each step is launched when it is taken: the synchronous loop.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 
 @dataclass
@@ -75,3 +75,53 @@ class GenerationSchedule:
     def in_flight(self) -> Sequence[StepWork]:
         """Launched, not yet taken, in step order (what a checkpoint must collect and keep, or drop and count)."""
         return [self._in_flight[s] for s in sorted(self._in_flight)]
+
+
+@dataclass
+class TimedAnswers:
+    """One engine's answers to one step, with when it generated them (its wall clock, `time.time()`)."""
+    answers: List[Any]
+    started: float
+    ended: float
+
+
+def seconds_inside(span: Tuple[float, float], windows: Sequence[Tuple[float, float]]) -> float:
+    """How much of `span` lies inside the (disjoint) `windows`."""
+    start, end = span
+    return sum(max(0.0, min(end, b) - max(start, a)) for a, b in windows)
+
+
+class PhaseClock:
+    """Rank 0's record of when the learners worked and when each engine generated: what the overlap of rollout
+    and training was, per step and agent.
+
+    The learners work from the moment a step's answers are in (`learners_start`) until the next step asks for its
+    answers (`learners_stop`): update, weight push and metrics. An engine's generation is hidden as far as it falls
+    inside those windows; the time between an engine's generations is the time it waited for work, which at k = 0
+    is the learners' whole turn (the new weights) and at k >= 1 what the launches ahead did not fill. Engines and
+    rank 0 read the same clock on one machine; across machines the figures carry their clocks' offset."""
+
+    def __init__(self, keep: int = 16):
+        self._windows: List[Tuple[float, float]] = []
+        self._keep = keep
+        self._since: Optional[float] = None
+        self._last_end: Dict[int, float] = {}
+
+    def learners_start(self, now: float) -> None:
+        self._since = now
+
+    def learners_stop(self, now: float) -> None:
+        if self._since is not None:
+            self._windows = (self._windows + [(self._since, now)])[-self._keep:]
+            self._since = None
+
+    def generation(self, agent: int, timed: TimedAnswers) -> Dict[str, float]:
+        """The metrics of one engine's generation of one step: its length, the fraction of it the learners'
+        work hid, and how long the engine had been waiting since its previous generation (absent for the first)."""
+        length = max(timed.ended - timed.started, 0.0)
+        hidden = seconds_inside((timed.started, timed.ended), self._windows) / length if length > 0 else 0.0
+        metrics = {"pipeline/generation_s": length, "pipeline/hidden_frac": hidden}
+        if agent in self._last_end:
+            metrics["pipeline/engine_idle_s"] = max(timed.started - self._last_end[agent], 0.0)
+        self._last_end[agent] = max(timed.ended, self._last_end.get(agent, timed.ended))
+        return metrics

@@ -28,7 +28,7 @@ import ray
 import torch.distributed as dist
 
 from hacpo_megatron.orchestrator.actors import call_with_restarts
-from hacpo_megatron.orchestrator.pipeline import GenerationSchedule
+from hacpo_megatron.orchestrator.pipeline import GenerationSchedule, PhaseClock
 from hacpo_megatron.orchestrator.weight_delivery import ENGINE_RETRIES, push_all_weights, restore_restarted_engines
 from hacpo_megatron.rollout.base import EngineWithoutWeights, SamplingParams
 from hacpo_megatron.training.step_data import render_prompts, reward_items
@@ -42,6 +42,7 @@ class StepRollouts:
     scores: List[float]
     reward_stats: Dict[str, Any]
     generated_by: List[int]  # per agent: the weight version (training steps done) its answers came from
+    metrics: Dict[int, Dict[str, float]]  # per agent, on rank 0: staleness (k >= 1) and the phases' overlap
 
 
 class RolloutPipeline:
@@ -52,16 +53,23 @@ class RolloutPipeline:
                                            next_prompts=sampler.next_batch, launch=self._launch,
                                            snapshot=sampler.state_dict)
         self.schedule.start_at(start_step)
+        self.clock = PhaseClock()
 
     def step_rollouts(self, step: int, times: Dict[str, float]) -> StepRollouts:
         """Step `step`'s answers and rewards on every rank (launching the steps up to `step` + k first)."""
+        self.clock.learners_stop(time.time())  # the previous step's update, push and metrics are done
         self.schedule.launch_up_to(step, trained=step)
         work = self.schedule.take(step)
         prompt_ids = [render_prompts(tok, work.prompts) for tok in self.agents.tokenizers]
         generated_by = [work.generated_by] * len(self.agents.configs)
-        rollouts = self._collect(step, work.handles, prompt_ids, generated_by, times)
+        metrics: Dict[int, Dict[str, float]] = {k: {} for k in range(len(generated_by))}
+        rollouts = self._collect(step, work.handles, prompt_ids, generated_by, times, metrics)
         scores, reward_stats = self._score(step, work.prompts, rollouts, times)
-        return StepRollouts(work.prompts, prompt_ids, rollouts, scores, reward_stats, generated_by)
+        if self.cfg.rollout.max_staleness:
+            for k, version in enumerate(generated_by):
+                metrics[k]["staleness/versions_behind"] = float(step - version)
+        self.clock.learners_start(time.time())
+        return StepRollouts(work.prompts, prompt_ids, rollouts, scores, reward_stats, generated_by, metrics)
 
     def sampler_state(self) -> Dict[str, Any]:
         """The sampler as it would be had the steps in flight never been drawn (a checkpoint drops them)."""
@@ -76,11 +84,17 @@ class RolloutPipeline:
         if self.options.kill_engine_at_step == step:
             kill_actor(self.agents.engines[0])
         params = sampling(self.cfg, self.G, step)
-        return {k: self.agents.engines[k].generate.remote(render_prompts(tok, prompts), params(k))
+        return {k: self.agents.engines[k].generate_timed.remote(render_prompts(tok, prompts), params(k))
                 for k, tok in enumerate(self.agents.tokenizers)}
 
+    def _answers(self, results: Dict[int, Any], metrics: Dict[int, Dict[str, float]]) -> Dict[int, Any]:
+        """Rank 0: the answers of `generate_timed` results, their timing recorded in `metrics`."""
+        for k, timed in results.items():
+            metrics[k].update(self.clock.generation(k, timed))
+        return {k: timed.answers for k, timed in results.items()}
+
     def _collect(self, step: int, handles: Dict[int, Any], prompt_ids, generated_by: List[int],
-                 times: Dict[str, float]) -> list:
+                 times: Dict[str, float], metrics: Dict[int, Dict[str, float]]) -> list:
         """The answers of `handles`, broadcast from rank 0; an engine that died is given its weights again and
         answers again (then from the current weights, version `step`)."""
         agents, rank = self.agents, dist.get_rank()
@@ -88,7 +102,8 @@ class RolloutPipeline:
         if rank == 0:
             t = time.perf_counter()
             results, failed = wait_for_generations(handles)
-            times["time/rollout"] = time.perf_counter() - t  # the wait: all of the generation when k = 0
+            times["time/rollout"] = time.perf_counter() - t  # the learners' wait: all of the generation when k = 0
+            results = self._answers(results, metrics)
             payload = [([results.get(k) for k in range(len(agents.configs))], failed)]
             if self.options.kill_engine_in_sync_at_step == step:
                 ray.get(agents.engines[0].crash_in_next_bucket.remote())
@@ -107,8 +122,8 @@ class RolloutPipeline:
             if rank == 0:
                 params = sampling(self.cfg, self.G, step)
                 redo, failed = wait_for_generations(
-                    {k: agents.engines[k].generate.remote(prompt_ids[k], params(k)) for k in failed})
-                for k, completions in redo.items():
+                    {k: agents.engines[k].generate_timed.remote(prompt_ids[k], params(k)) for k in failed})
+                for k, completions in self._answers(redo, metrics).items():
                     rollouts[k] = completions
                 payload = [(rollouts, failed)]
             dist.broadcast_object_list(payload, src=0)

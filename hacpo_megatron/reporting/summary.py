@@ -83,6 +83,32 @@ def _markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> Lis
     return lines
 
 
+OVERLAP_COLUMNS = (  # (heading, metric, how the steps are summed up)
+    ("staleness mean", "staleness/versions_behind", "mean"), ("staleness max", "staleness/versions_behind", "max"),
+    ("learners waited for answers s", "time/rollout", "mean"), ("generation s", "pipeline/generation_s", "mean"),
+    ("generation hidden by training", "pipeline/hidden_frac", "mean"),
+    ("engine waited for weights s", "pipeline/engine_idle_s", "mean"),
+    ("behaviour weight mean", "staleness/behaviour_weight_mean", "mean"),
+)
+
+
+def _overlap_table(metrics: RunMetrics) -> List[str]:
+    """Rollout ahead of training (rollout.max_staleness >= 1, the runs whose records carry a staleness): how old
+    the trained answers were and how far generation and training overlapped, per agent."""
+    if not any(metrics.series(agent, "staleness/versions_behind")[1] for agent in metrics.agent_names):
+        return []
+
+    def summed(agent: str, key: str, how: str) -> str:
+        values = metrics.series(agent, key)[1]
+        if not values:
+            return "n/a"
+        return _number(max(values) if how == "max" else sum(values) / len(values), digits=2)
+
+    return ["", "Rollout ahead of training (per step):", ""] + _markdown_table(
+        ["agent"] + [heading for heading, _, _ in OVERLAP_COLUMNS],
+        [[agent] + [summed(agent, key, how) for _, key, how in OVERLAP_COLUMNS] for agent in metrics.agent_names])
+
+
 def summary_markdown(metrics: RunMetrics, run_dir: PathLike = "", run_info: Optional[Mapping[str, Any]] = None) -> str:
     """The summary.md text: results per agent, the mean step time by phase, and the prompts used."""
     summaries = [summarize_agent(metrics, agent) for agent in metrics.agent_names]
@@ -102,6 +128,7 @@ def summary_markdown(metrics: RunMetrics, run_dir: PathLike = "", run_info: Opti
         [[s.agent] + [_number(s.mean_time[key], digits=2) for key in TIME_KEYS] + [_duration(s.total_time_s),
                                                                                    _utilisation(s)]
          for s in summaries])
+    lines += _overlap_table(metrics)
     prompts = (run_info or {}).get("prompts")
     if prompts:
         lines += ["", "Prompts: " + "; ".join(

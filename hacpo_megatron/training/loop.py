@@ -224,15 +224,14 @@ def _hacpo_step(step, cfg, spec, agents: Agents, sampler, pipeline, tracker, opt
         work = pipeline.step_rollouts(step, times)
         prompts, prompt_ids, rollouts, scores, reward_stats = (work.prompts, work.prompt_ids, work.rollouts,
                                                                 work.scores, work.reward_stats)
-        staleness = ({k: {"staleness/versions_behind": float(step - v)} for k, v in enumerate(work.generated_by)}
-                     if cfg.rollout.max_staleness else {})
+        pipeline_metrics = work.metrics
     else:
         prompts = sampler.next_batch()
         prompt_ids = [render_prompts(tok, prompts) for tok in agents.tokenizers]
         t = time.perf_counter()
         rollouts, scores, reward_stats = load_step(options.load_rollouts, step + 1, agents.names, prompts, G)
         times.update({"time/rollout": time.perf_counter() - t, "time/reward": 0.0})
-        staleness = {}
+        pipeline_metrics = {}
     B = len(prompts)
     if options.save_rollouts and rank == 0:
         save_step(options.save_rollouts, step + 1, agents.names, prompts, rollouts, scores, reward_stats)
@@ -265,7 +264,7 @@ def _hacpo_step(step, cfg, spec, agents: Agents, sampler, pipeline, tracker, opt
     store = object_store_stats() if agents.engines_running else {}  # at the step's end: back to its baseline?
     for k in range(n):
         record = {**untrained, "step": step + 1, "agent": agents.names[k], "reward_mean": float(rewards[k].mean()),
-                  **gaps.get(k, {}), **staleness.get(k, {}),
+                  **gaps.get(k, {}), **pipeline_metrics.get(k, {}),
                   "capability": float(capabilities[k]), **per_agent[k], **rollout_stats(rollouts[k]),
                   **{f"omega_from/{agents.names[j]}": float(advantages.omega[j, k]) for j in range(n) if j != k},
                   **{f"reward/{key}": float(v) for key, v in reward_stats.items() if isinstance(v, (int, float))},

@@ -2,7 +2,7 @@
 the version the schedule records for each step is the version the engine really generated it with."""
 import pytest
 
-from hacpo_megatron.orchestrator.pipeline import GenerationSchedule
+from hacpo_megatron.orchestrator.pipeline import GenerationSchedule, PhaseClock, TimedAnswers, seconds_inside
 
 
 class FifoEngine:
@@ -81,3 +81,27 @@ def test_resume_starts_afresh_and_order_mistakes_are_errors():
         schedule.take(0)
     with pytest.raises(ValueError, match="max_staleness must be >= 0"):
         GenerationSchedule(max_staleness=-1, total_steps=4, next_prompts=list, launch=lambda s, p: {})
+
+
+def test_seconds_inside_sums_the_parts_of_a_span_within_each_window():
+    windows = [(10.0, 14.0), (20.0, 24.0)]
+    assert seconds_inside((12.0, 22.0), windows) == 4.0  # 12-14 and 20-22
+    assert seconds_inside((15.0, 19.0), windows) == 0.0
+    assert seconds_inside((0.0, 30.0), windows) == 8.0
+
+
+def test_phase_clock_a_generation_hidden_behind_training_and_one_the_learners_waited_for():
+    clock = PhaseClock()
+    clock.learners_start(10.0)  # step 1 trains from 10 to 14 while the engine answers step 2 (k = 1)
+    clock.learners_stop(14.0)  # step 2 asks for its answers: they are read now
+    first = clock.generation(0, TimedAnswers([], started=11.0, ended=13.0))
+    assert first == {"pipeline/generation_s": 2.0, "pipeline/hidden_frac": 1.0}  # no idle time before the first
+    # step 3's answers start when step 2's weights arrive, 1.5 s after the engine's last answer, and run while
+    # the learners wait: nothing hidden
+    second = clock.generation(0, TimedAnswers([], started=14.5, ended=16.0))
+    assert second == {"pipeline/generation_s": 1.5, "pipeline/hidden_frac": 0.0, "pipeline/engine_idle_s": 1.5}
+    clock.learners_start(16.0)
+    clock.learners_stop(18.0)
+    half = clock.generation(0, TimedAnswers([], started=17.0, ended=19.0))  # 17-18 inside the window 16-18
+    assert half["pipeline/hidden_frac"] == 0.5 and half["pipeline/engine_idle_s"] == 1.0
+    assert "pipeline/engine_idle_s" not in clock.generation(1, TimedAnswers([], started=17.0, ended=19.0))

@@ -136,6 +136,22 @@ def test_summary_shows_the_updates_model_flops_and_mfu(tmp_path):
     assert rows["| qwen3-tiny"].endswith("| 3.0 (30%) |") and rows["| llama-tiny"].endswith("| n/a |")
 
 
+def test_summary_shows_how_far_rollout_ran_ahead_only_for_runs_that_did(tmp_path):
+    reporter = RunReporter(tmp_path / "k1", AGENTS, total_steps=2, trackers=(), plots=False, progress_bar=False)
+    for step, behind in enumerate([0.0, 1.0]):
+        pipeline = {"staleness/versions_behind": behind, "pipeline/generation_s": 2.0 + step,
+                    "pipeline/hidden_frac": 0.5 * step, "staleness/behaviour_weight_mean": 1.0}
+        if step:
+            pipeline["pipeline/engine_idle_s"] = 0.25
+        reporter.log_step(step, [make_record(a, step, **pipeline) for a in AGENTS])
+    summary = reporter.close()
+    assert "Rollout ahead of training" in summary
+    # staleness mean 0.5, max 1; waited = mean time/rollout; generation 2.5 s, hidden 0.25, idle from step 1 only
+    waited = (step_time("qwen3-tiny", "time/rollout", 0) + step_time("qwen3-tiny", "time/rollout", 1)) / 2
+    assert f"| qwen3-tiny | 0.50 | 1.00 | {waited:.2f} | 2.50 | 0.25 | 0.25 | 1.00 |" in summary
+    assert "Rollout ahead of training" not in write_run(tmp_path / "k0")  # synchronous: no staleness, no table
+
+
 def test_resume_truncates_steps_from_start_step(tmp_path):
     write_run(tmp_path)  # steps 0..5, evals at 0 and 4
     write_run(tmp_path, steps=range(4, STEPS), start_step=4, evals={}, reward_offset=1.0)
