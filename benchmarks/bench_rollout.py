@@ -36,7 +36,7 @@ import json
 import os
 import sys
 import time
-from typing import Any, Callable, Dict, List, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)  # run from a checkout
@@ -116,11 +116,11 @@ def model_folder() -> str:
     return str(resolve_model_source(MODEL))  # converted once (~20-90 s), then reused
 
 
-def transports():
+def transports(chosen: Optional[List[str]] = None) -> Tuple[str, ...]:
+    """`--transports`, or every one this machine has (cuda_ipc only where a GPU is)."""
     import torch
 
-    chosen = os.environ.get("BENCH_TRANSPORTS")  # e.g. "process_group cuda_ipc": fewer pushes on a short GPU lease
-    return tuple(chosen.split()) if chosen else TRANSPORTS + (("cuda_ipc",) if torch.cuda.is_available() else ())
+    return tuple(chosen) if chosen else TRANSPORTS + (("cuda_ipc",) if torch.cuda.is_available() else ())
 
 
 def preset_weights(preset: str):
@@ -330,7 +330,7 @@ def bench_transports(kind: str, hf_config: Dict, versions, memcpy: MemcpyReferen
     result: Dict[str, Any] = dict(startup_s=startup)
     pushes = 0
     try:
-        senders = {transport: make_sender(transport, handle) for transport in transports()}
+        senders = {transport: make_sender(transport, handle) for transport in transports(args.transports)}
         for round_index in range(args.rounds + 1):  # round 0: the first push of each transport
             if round_index > 0:
                 memcpy.measure()
@@ -347,7 +347,7 @@ def bench_transports(kind: str, hf_config: Dict, versions, memcpy: MemcpyReferen
                       f"finish {row['finish_s']:.2f} s), check equal in {row['check_s']:.1f} s", flush=True)
     finally:
         ray.kill(handle)  # its process (and vLLM's under it) go before the next engine starts
-    for transport in transports():
+    for transport in transports(args.transports):
         result[transport]["best"] = best_of(result[transport]["rounds"], "transfer_gb_per_s")
     return result
 
@@ -361,7 +361,8 @@ def bench_weight_transport(folder: str, kinds: Sequence[str], args) -> Dict:
     else:
         hf_config, versions = read_hf_config(folder), weight_versions(folder)
     memcpy = MemcpyReference(versions[0])
-    result: Dict[str, Any] = dict(tensors=len(versions[0]), bucket_mib=args.bucket_mib)
+    result: Dict[str, Any] = dict(tensors=len(versions[0]), bucket_mib=args.bucket_mib,
+                                  transports=list(transports(args.transports)))
     runtime = RayRuntime.connect(None)  # a private local Ray, as a run without --ray-address starts
     try:
         for kind in kinds:
@@ -402,15 +403,16 @@ def transport_table(transport: Dict) -> List[str]:
     for kind in ENGINES:
         if kind not in transport:
             continue
-        for name in transports():
+        for name in transport["transports"]:
             best, first = transport[kind][name]["best"], transport[kind][name]["first_push"]
             lines.append(f"| {kind} | {name} | {best['bytes'] / GB:.3f} | {best['buckets']} | {best['transfer_s']:.2f} | "
                          f"{best['transfer_gb_per_s']:.2f} | {best['transfer_gb_per_s'] / memcpy:.1%} | "
                          f"{best['finish_s']:.2f} | {best['gb_per_s']:.2f} | {first['seconds']:.2f} | "
                          f"equal, max abs diff {best['check_max_abs_diff']:g} |")
-        speedup = (transport[kind]["process_group"]["best"]["transfer_gb_per_s"]
-                   / transport[kind]["object_store"]["best"]["transfer_gb_per_s"])
-        ratios.append(f"{kind}: process_group / object_store x{speedup:.2f} (transfer)")
+        if {"process_group", "object_store"} <= set(transport["transports"]):
+            speedup = (transport[kind]["process_group"]["best"]["transfer_gb_per_s"]
+                       / transport[kind]["object_store"]["best"]["transfer_gb_per_s"])
+            ratios.append(f"{kind}: process_group / object_store x{speedup:.2f} (transfer)")
     return lines + ["", "; ".join(ratios)]
 
 
@@ -448,6 +450,8 @@ def parse_args():
     parser.add_argument("--skip-transport", action="store_true")
     parser.add_argument("--preset", default=None, help="weight transport only, for a random model of this preset's "
                         "shape (e.g. qwen3-1.7b-base, bf16 on a GPU) instead of SmolLM2; implies --skip-rollout --skip-vllm")
+    parser.add_argument("--transports", nargs="+", choices=TRANSPORTS + ("cuda_ipc",), default=None,
+                        help="weight transports to time (default: all this machine has; fewer on a short GPU lease)")
     parser.add_argument("--json", default=None, help="also write every figure here")
     args = parser.parse_args()
     if args.preset:
