@@ -27,6 +27,7 @@ from typing import Dict, List
 
 REPO = Path(__file__).resolve().parents[1]
 PHASES = ("time/rollout", "time/reward", "time/logprob", "time/bridge", "time/train", "time/weight_sync")
+OVERLAP = ("pipeline/hidden_frac", "pipeline/engine_idle_s")  # per step: the agents' mean
 
 
 def run_once(config: str, k: int, steps: int, out: Path, overrides: List[str]) -> float:
@@ -47,9 +48,12 @@ def summarise(out: Path) -> Dict:
     by_step: Dict[int, Dict] = {}
     for r in train:  # every agent's record carries the step's time; phases: the slowest agent's
         step = by_step.setdefault(r["step"], {"time/step": r["time/step"], **{p: 0.0 for p in PHASES},
-                                               "staleness": 0.0})
+                                               "staleness": 0.0, **{o: [] for o in OVERLAP}})
         for p in PHASES:
             step[p] = max(step[p], float(r.get(p, 0.0)))
+        for o in OVERLAP:
+            if o in r:
+                step[o].append(float(r[o]))
         step["staleness"] = max(step["staleness"], float(r.get("staleness/versions_behind", 0.0)))
     later = [by_step[s] for s in sorted(by_step) if s > 1]
     evals = [r for r in records if r.get("kind") == "eval"]
@@ -59,6 +63,8 @@ def summarise(out: Path) -> Dict:
                 step_median_s=statistics.median(s["time/step"] for s in later),
                 phases_mean_s={p: statistics.mean(s[p] for s in later) for p in PHASES},
                 staleness_mean=statistics.mean(s["staleness"] for s in later),
+                overlap_mean={o: statistics.mean(v for s in later for v in s[o]) for o in OVERLAP
+                              if any(s[o] for s in later)},
                 held_out={r["agent"]: r["eval/accuracy"] for r in evals if r["step"] == last_step},
                 held_out_step=last_step)
 
@@ -83,14 +89,16 @@ def main() -> None:
     print(f"\n{args.config}, {args.steps} steps, {results['cpus']} cores; load {results['load_before']} -> "
           f"{results['load_after']}\n")
     print("| k | step mean s | step median s | vs k=0 | waited for answers s | train s | weight sync s | "
-          "staleness | held-out (last) |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
+          "staleness | generation hidden | engine waited s | held-out (last) |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
     for k, r in results["runs"].items():
         ratio = f"{r['step_mean_s'] / base['step_mean_s']:.2f}x" if base else "-"
         held = ", ".join(f"{a} {v:.3f}" for a, v in r["held_out"].items())
         print(f"| {k} | {r['step_mean_s']:.2f} | {r['step_median_s']:.2f} | {ratio} | "
               f"{r['phases_mean_s']['time/rollout']:.2f} | {r['phases_mean_s']['time/train']:.2f} | "
-              f"{r['phases_mean_s']['time/weight_sync']:.2f} | {r['staleness_mean']:.2f} | {held} |")
+              f"{r['phases_mean_s']['time/weight_sync']:.2f} | {r['staleness_mean']:.2f} | "
+              + " | ".join(f"{r['overlap_mean'][o]:.2f}" if o in r["overlap_mean"] else "n/a" for o in OVERLAP)
+              + f" | {held} |")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
 

@@ -31,3 +31,13 @@ def test_the_summary_skips_the_first_step_and_takes_the_slowest_agent(tmp_path):
     assert summary["phases_mean_s"]["time/train"] == pytest.approx((1.5 + 1.2) / 2)
     assert summary["staleness_mean"] == pytest.approx(1.0)
     assert summary["held_out"] == {"a": 0.5, "b": 0.4} and summary["held_out_step"] == 3
+    assert summary["overlap_mean"] == {}  # records without the pipeline's timing
+
+
+def test_the_overlap_is_the_mean_over_agents_and_later_steps(tmp_path):
+    records = [dict(record(1, "a", 9.0, 5.0, 1.0, 0), **{"pipeline/hidden_frac": 0.0}),
+               dict(record(2, "a", 2.0, 0.5, 1.0, 1), **{"pipeline/hidden_frac": 0.8, "pipeline/engine_idle_s": 0.1}),
+               dict(record(2, "b", 2.0, 0.5, 1.0, 1), **{"pipeline/hidden_frac": 0.6, "pipeline/engine_idle_s": 0.3})]
+    (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in records))
+    overlap = bench.summarise(tmp_path)["overlap_mean"]
+    assert overlap == pytest.approx({"pipeline/hidden_frac": 0.7, "pipeline/engine_idle_s": 0.2})
