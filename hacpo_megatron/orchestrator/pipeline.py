@@ -95,11 +95,12 @@ class PhaseClock:
     """Rank 0's record of when the learners worked and when each engine generated: what the overlap of rollout
     and training was, per step and agent.
 
-    The learners work from the moment a step's answers are in (`learners_start`) until the next step asks for its
-    answers (`learners_stop`): update, weight push and metrics. An engine's generation is hidden as far as it falls
-    inside those windows; the time between an engine's generations is the time it waited for work, which at k = 0
-    is the learners' whole turn (the new weights) and at k >= 1 what the launches ahead did not fill. Engines and
-    rank 0 read the same clock on one machine; across machines the figures carry their clocks' offset."""
+    The learners' turn runs from the moment a step's answers are in (`learners_start`) until the next step asks
+    for its answers (`learners_stop`): update, weight push, metrics, any evaluation and checkpoint. An engine's
+    generation is hidden as far as it falls inside those turns; the time between an engine's generations is the
+    time it waited for work, which at k = 0 is the learners' whole turn (the new weights) and at k >= 1 what the
+    launches ahead did not fill. Engines and rank 0 read the same clock on one machine; across machines the
+    figures carry their clocks' offset."""
 
     def __init__(self, keep: int = 16):
         self._windows: List[Tuple[float, float]] = []
