@@ -90,6 +90,63 @@ def test_dead_engines_and_a_dead_reward_actor_are_restarted_and_their_work_redon
     assert without_losses(comparable(records)) == without_losses(comparable(metrics(reference_run)))
 
 
+def test_rollout_one_step_ahead_through_faults_and_a_sigterm_then_resumed(reference_run, tmp_path, cache):
+    """rollout.max_staleness = 1: step t+1's answers are generated while step t trains, from the weights before
+    step t's update. Agent 0's engine is killed as step 2 is launched (during step 1): its restarted actor
+    answers nothing without weights, so step 2 gives it the current weights and answers again, on-policy; the
+    reward actor dies scoring step 2; SIGTERM during step 2 ends the run after it, dropping step 3's answers in
+    flight; the resumed run draws their prompts again and answers them from the checkpoint's weights. Every
+    step's prompts are the synchronous run's: none trained twice, none skipped."""
+    out, saved = tmp_path / "run", tmp_path / "rollouts"
+    config = small_config(tmp_path, cache, rollout={"max_staleness": 1}, run={"total_steps": 3},
+                          checkpoint={"save_every": 1}, data={"eval_every": 0})  # held-out: not the point here
+    latest = out / "checkpoints" / "latest"
+    proc = launch(config, out, "--save-rollouts", str(saved), "--kill-engine-at-step", "1",
+                  "--kill-reward-at-step", "1")
+    try:
+        wait_for(latest.exists, proc, "step 1's checkpoint")
+        proc.send_signal(signal.SIGTERM)
+        output, _ = proc.communicate(timeout=300)
+    finally:
+        kill_tree(proc.pid)
+    assert "stopped by SIGTERM after step 2" in output, output[-3000:]
+    assert "step 2: the engines of ['qwen3-tiny'] died while generating" in output, output[-3000:]
+    assert "waiting for its restart" in output  # the reward actor's death really happened
+    run(config, out, "--resume", "--save-rollouts", str(saved))
+
+    train = sorted((r for r in metrics(out) if r["kind"] == "train"), key=lambda r: (r["step"], r["agent"]))
+    assert [(r["step"], r["agent"]) for r in train] == [(s, a) for s in (1, 2, 3) for a in ("llama-tiny", "qwen3-tiny")]
+    # step 1 from the initial weights (launched with them); step 2 launched before step 1's update: one version
+    # behind, but for qwen3-tiny's answers, redone after its engine's death from the current weights; step 3
+    # launched at the resume, after the checkpoint of step 2: on-policy again
+    assert [r["staleness/versions_behind"] for r in train] == [0, 0, 1, 0, 0, 0]
+    for step in (1, 2, 3):
+        for agent in ("qwen3-tiny", "llama-tiny"):
+            ours = json.loads((saved / f"step_{step:06d}" / f"{agent}.json").read_text())["prompt_uids"]
+            reference = json.loads((reference_run.parent / "rollouts" / f"step_{step:06d}" / f"{agent}.json")
+                                   .read_text())["prompt_uids"]
+            assert ours == reference, (step, agent)
+    for r in train:  # own rows carry pi_prox / pi_behaviour: ~1 when on-policy, finite and capped when not
+        assert 0 < r["staleness/behaviour_weight_mean"] <= 2.0 and r["loss"] == r["loss"]
+        if r["staleness/versions_behind"] == 0:
+            assert r["staleness/behaviour_weight_mean"] == pytest.approx(1.0, abs=1e-4)
+    # the overlap: only llama-tiny's step 2 was generated while the learners trained (step 1); the others while
+    # they waited. In the synchronous run never
+    for r in train:
+        assert r["pipeline/generation_s"] > 0 and 0.0 <= r["pipeline/hidden_frac"] <= 1.0
+        assert (r["step"] == 2) == ("pipeline/engine_idle_s" in r)  # an engine's first generation has no wait before it
+    assert [r["pipeline/hidden_frac"] for r in train if (r["step"], r["agent"]) != (2, "llama-tiny")] == [0.0] * 5
+    synchronous = [r for r in metrics(reference_run) if r["kind"] == "train"]
+    assert all(r["pipeline/hidden_frac"] == 0.0 and "staleness/versions_behind" not in r for r in synchronous)
+    assert all(r["pipeline/engine_idle_s"] >= r["time/train"] for r in synchronous if r["step"] > 1)
+    # step 1 is the synchronous step (its answers redone after the kill, with the same seed), but for the engine's
+    # log-probs in place of the trainer's (a ~1e-7 gap)
+    first_reference = [r for r in synchronous if r["step"] == 1]
+    for ours, ref in zip(train[:2], sorted(first_reference, key=lambda r: r["agent"])):
+        assert ours["reward_mean"] == ref["reward_mean"]
+        assert ours["loss"] == pytest.approx(ref["loss"], rel=1e-3, abs=1e-6)
+
+
 def without_losses(records: list) -> list:
     return [{k: v for k, v in r.items() if k != "weight_sync/engine_losses"} for r in records]
 
