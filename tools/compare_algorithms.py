@@ -36,8 +36,9 @@ too, and the next call resumes that cell.
 
 Each cell's figure per agent is its held-out accuracy at its final evaluation (step run.total_steps); only
 finished cells count. OUT/results.md (also printed) holds per variant and agent the mean over seeds with
-its 95% confidence interval (Student's t, n-1 degrees of freedom), the paired difference variant - baseline
-over the seeds where both finished with its 95% CI, every cell's state, and the command that reruns each
+its 95% confidence interval (Student's t, n-1 degrees of freedom), each cell's gain from its first evaluation
+in standard errors, the paired difference variant - baseline over the seeds where both finished with its 95% CI,
+every cell's state, and the command that reruns each
 cell (on CPU a run is deterministic for its seed, so a rerun into another folder reproduces its numbers).
 OUT/accuracy.png: held-out accuracy over steps, the mean over seeds per variant, one panel per agent.
 
@@ -375,6 +376,7 @@ class CellResult:
     curves: Dict[str, Dict[int, float]]
     outcome: str = "not run"  # what this call did: skipped / ran fresh / resumed / failed (exit N) / ...
     clip: Dict[str, Dict[int, Dict[str, float]]] = field(default_factory=dict)  # clip_diagnostics of its records
+    eval_problems: Optional[int] = None  # held-out problems per evaluation (run_info.json)
 
     @property
     def finished(self) -> bool:
@@ -387,7 +389,38 @@ def collect_cell(cell: Cell, outcome: str = "not run") -> CellResult:
     records = load_cell_metrics(cell.folder) if config else []
     curves = eval_curves(records)
     final = final_accuracies(curves) if state.status == FINISHED else {}
-    return CellResult(cell, state, agent_names_of(config), final, curves, outcome, clip_diagnostics(records))
+    return CellResult(cell, state, agent_names_of(config), final, curves, outcome, clip_diagnostics(records),
+                      eval_problems_of(cell.folder))
+
+
+def eval_problems_of(folder: Path) -> Optional[int]:
+    """How many held-out problems each evaluation scored (run_info.json's prompts.eval.used), or None."""
+    try:
+        used = json.loads((Path(folder) / "run_info.json").read_text(encoding="utf-8"))["prompts"]["eval"]["used"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return used if isinstance(used, int) and used > 0 else None
+
+
+def gain_rows(results: Sequence[CellResult], labels: Sequence[str]) -> List[List[str]]:
+    """Per finished cell and agent: held-out accuracy at the first and the last evaluation, the gain, and the gain
+    in standard errors. The standard error of each accuracy is binomial over the problems, sqrt(p (1 - p) / n):
+    problems are the unit (k samples of one problem are not independent), and an average of k samples per problem
+    varies less than that, so this errs on the large side; the gain's is sqrt(se_first^2 + se_last^2), which
+    ignores that both evaluations score the same problems (a positive correlation, which would make it smaller)."""
+    rows = []
+    for label in labels:
+        for r in results:
+            if r.cell.variant.label != label or not r.finished or not r.eval_problems:
+                continue
+            for agent, last in r.final.items():
+                first_step = min(r.curves[agent])
+                first = r.curves[agent][first_step]
+                se = math.sqrt(sum(p * (1 - p) for p in (first, last)) / r.eval_problems)
+                ratio = f"{(last - first) / se:+.1f}" if se > 0 else "n/a"
+                rows.append([label, agent, str(r.cell.seed), f"{first:.3f} (step {first_step})",
+                             f"{last:.3f} (step {max(r.curves[agent])})", f"{last - first:+.3f}", f"{se:.3f}", ratio])
+    return rows
 
 
 @dataclass(frozen=True)
@@ -499,6 +532,13 @@ def results_markdown(results: Sequence[CellResult], labels: Sequence[str], basel
     lines += _markdown_table(["variant", "agent", "accuracy (mean ± 95% CI)", "95% CI", "n", "per seed"], table)
     if not table:
         lines += ["", "No cell has written a config yet."]
+    gains = gain_rows(results, labels)
+    if gains:
+        lines += ["", "## Held-out gain over the run", "",
+                  "Per finished cell: the first and the last evaluation, their difference, its standard error (binomial "
+                  "over the held-out problems, both evaluations taken as independent: on the large side) and the gain "
+                  "in standard errors.", ""]
+        lines += _markdown_table(["variant", "agent", "seed", "first", "last", "gain", "SE", "gain / SE"], gains)
     if baseline:
         lines += ["", f"## Paired difference to {baseline}", "",
                   f"variant - {baseline} on the same seed, over the seeds where both finished; 95% CI of the "

@@ -396,3 +396,22 @@ def test_clip_diagnostics_per_step_and_their_table_over_seeds(tool, tmp_path):
     assert rows == [["1", AGENTS[0], "0.50", "0.50", "0.00", "0.50", "0.50", "0.25", "2"]]
     text = tool.results_markdown(results, ["hacpo"], None, {}, base_config="cfg.yaml", seeds=[1, 2], workdir=str(tmp_path))
     assert "| 1 | " + AGENTS[0] + " | 0.50 | 0.50 | 0.00 | 0.50 | 0.50 | 0.25 | 2 |" in text
+
+
+def test_the_gain_over_the_run_in_standard_errors(tool, tmp_path):
+    """hacpo seed 1, qwen3-tiny: 0.50 at step 0, 0.70 at the last step (write_run), on 100 held-out problems:
+    SE = sqrt((0.5 * 0.5 + 0.7 * 0.3) / 100) = 0.0678, the gain 0.20 is 2.9 of them."""
+    folder = tmp_path / "hacpo" / "seed1"
+    write_run(folder, "hacpo", 1)
+    (folder / "run_info.json").write_text(json.dumps({"prompts": {"eval": {"used": 100, "skipped_overlong": 0}}}))
+    write_run(tmp_path / "hacpo" / "seed2", "hacpo", 2)  # no run_info.json: no row (n unknown)
+    results = [tool.collect_cell(cell) for cell in tool.plan_cells([tool.Variant("hacpo", "cfg.yaml")], [1, 2],
+                                                                    tmp_path)]
+    rows = tool.gain_rows(results, ["hacpo"])
+    se = math.sqrt((0.5 * 0.5 + 0.7 * 0.3) / 100)
+    assert rows[0] == ["hacpo", "qwen3-tiny", "1", "0.500 (step 0)", "0.700 (step 4)", "+0.200", f"{se:.3f}",
+                       f"{0.2 / se:+.1f}"]
+    assert [row[:3] for row in rows] == [["hacpo", agent, "1"] for agent in AGENTS]
+    text = tool.results_markdown(results, ["hacpo"], None, {}, base_config="cfg.yaml", seeds=[1, 2],
+                                 workdir=str(tmp_path))
+    assert "## Held-out gain over the run" in text and f"| +0.200 | {se:.3f} | +2.9 |" in text
