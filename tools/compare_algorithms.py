@@ -39,7 +39,8 @@ finished cells count. OUT/results.md (also printed) holds per variant and agent 
 its 95% confidence interval (Student's t, n-1 degrees of freedom), each cell's gain from its first evaluation
 in standard errors, the paired difference variant - baseline over the seeds where both finished with its 95% CI,
 every cell's state, and the command that reruns each
-cell (on CPU a run is deterministic for its seed, so a rerun into another folder reproduces its numbers).
+cell (on CPU a run on the embedded engine is deterministic for its seed; with vLLM's log-probs as old log-probs a
+rerun reproduced rewards and held-out figures with losses ~1e-6 apart: docs/study.md).
 OUT/accuracy.png: held-out accuracy over steps, the mean over seeds per variant, one panel per agent.
 
 Exit codes: 0 every cell finished, 1 a cell failed or is not finished, 2 bad input (one line on stderr,
@@ -569,8 +570,10 @@ def results_markdown(results: Sequence[CellResult], labels: Sequence[str], basel
     lines += ["", "## Rerun a cell", "",
               f"To redo one cell in a fresh folder: the study's command plus `--only LABEL:SEED --out OTHER`, or "
               f"the cell's launcher command below (run from `{workdir}`) with another `--output-dir`. On CPU a run "
-              "is deterministic for its seed and code: either reproduces the cell's metrics.jsonl (all but "
-              "timings) with the code named above.",
+              "on the embedded engine is deterministic for its seed and code: either reproduces the cell's "
+              "metrics.jsonl (all but timings) with the code named above; with vLLM's log-probs as old log-probs "
+              "(rollout.old_logprobs: engine) losses and ratios differ by ~1e-6 (vLLM's CPU log-probs vary "
+              "between runs), in the one rerun measured, rewards and held-out figures were the same (docs/study.md).",
               "", "```"]
     lines += [f"# {name}\n{command}" for name, command in rerun.items()]
     lines += ["```"]
