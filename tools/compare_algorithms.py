@@ -38,9 +38,9 @@ Each cell's figure per agent is its held-out accuracy at its final evaluation (s
 finished cells count. OUT/results.md (also printed) holds per variant and agent the mean over seeds with
 its 95% confidence interval (Student's t, n-1 degrees of freedom), each cell's gain from its first evaluation
 in standard errors, the paired difference variant - baseline over the seeds where both finished with its 95% CI,
-every cell's state, and the command that reruns each
-cell (on CPU a run on the embedded engine is deterministic for its seed; with vLLM's log-probs as old log-probs a
-rerun reproduced rewards and held-out figures with losses ~1e-6 apart: docs/study.md).
+every cell's state, and the command that reruns each cell (on CPU a run on the embedded engine is deterministic
+for its seed; with vLLM's log-probs as old log-probs a rerun reproduced rewards and held-out figures with losses
+~1e-6 apart: docs/study.md).
 OUT/accuracy.png: held-out accuracy over steps, the mean over seeds per variant, one panel per agent.
 
 Exit codes: 0 every cell finished, 1 a cell failed or is not finished, 2 bad input (one line on stderr,
