@@ -15,9 +15,11 @@
 #   tests      the unit, model, layout and trainer tests on CUDA.
 #   transport  benchmarks/bench_rollout.py --preset qwen3-1.7b-base: weight pushes into an embedded engine
 #              actor on the same GPU through object_store, process_group and cuda_ipc, every push checked.
+#   staleness  benchmarks/bench_staleness.py on the default config: k = 0 and k = 1 (rollout one step ahead of
+#              training), 12 steps each, one after the other; timed, so alone on the GPU.
 #   together   run and tests side by side (neither is timed)
 #   run+transport  side by side (the run's tiny agents barely load the GPU; transport's figures are marked so)
-# Each stage's time limit: BENCH_S, RUN_S, RESUME_S, TESTS_S, TRANSPORT_S (seconds).
+# Each stage's time limit: BENCH_S, RUN_S, RESUME_S, TESTS_S, TRANSPORT_S, STALENESS_S (seconds).
 #
 # Packing (on the machine that sends the checkout; both folders are git-ignored through .git/info/exclude):
 #   .whl/  cp312 wheels of megatron-core, math-verify, latex2sympy2_extended, antlr4-python3-runtime,
@@ -56,10 +58,10 @@ run() {
   local dir=/tmp/gpu-run
   rm -rf "$dir"
   timeout "${RUN_S:-240}" python3 -m hacpo_megatron.launch --config configs/default.yaml --output-dir "$dir" \
-    --set run.total_steps=8 --set checkpoint.save_every=4 >"$OUT/run.log" 2>&1
+    --set run.total_steps="${RUN_STEPS:-8}" --set checkpoint.save_every=4 >"$OUT/run.log" 2>&1
   echo "run rc $?"
   timeout "${RESUME_S:-80}" python3 -m hacpo_megatron.launch --config configs/default.yaml --output-dir "$dir" --resume \
-    --set run.total_steps=10 --set checkpoint.save_every=4 >>"$OUT/run.log" 2>&1
+    --set run.total_steps=$(( ${RUN_STEPS:-8} + 2 )) --set checkpoint.save_every=4 >>"$OUT/run.log" 2>&1
   echo "resume rc $?"
   kill "$sampler"
   cp "$dir/metrics.jsonl" "$OUT/run_metrics.jsonl" 2>/dev/null
@@ -81,12 +83,20 @@ transport() {
   echo "transport rc $?"; tail -n 25 "$OUT/transport.log"
 }
 
+staleness() {
+  say "staleness"
+  timeout "${STALENESS_S:-300}" python3 benchmarks/bench_staleness.py --config configs/default.yaml --k 0 1 --steps 12 \
+    --out /tmp/gpu-staleness --json "$OUT/staleness.json" >"$OUT/staleness.log" 2>&1
+  echo "staleness rc $?"; tail -n 8 "$OUT/staleness.log"
+  for k in 0 1; do cp /tmp/gpu-staleness/k$k/metrics.jsonl "$OUT/staleness_k${k}_metrics.jsonl" 2>/dev/null; done
+}
+
 for stage in $STAGES; do
   case $stage in
     run+transport) run >"$OUT/together_run.txt" & transport; wait; cat "$OUT/together_run.txt"; rm -f "$OUT/together_run.txt" ;;
     together) run >"$OUT/together_run.txt" & tests >"$OUT/together_tests.txt"; wait
               cat "$OUT/together_run.txt" "$OUT/together_tests.txt"; rm -f "$OUT"/together_*.txt ;;
-    bench|run|tests|transport) $stage ;;
+    bench|run|tests|transport|staleness) $stage ;;
     *) echo "unknown stage $stage" ;;
   esac
 done

@@ -151,6 +151,27 @@ def _give_adam_its_state(optimizer: Any) -> None:
 
 
 @contextlib.contextmanager
+def _adam_step_left_to_param_groups(optimizer: Any) -> Iterator[None]:
+    """megatron-core 0.19's `fully_reshardable` load leaves torch Adam's per-parameter "step" out of the tensors
+    it copies into each parameter's state (it restores the step from the param groups), then copies every
+    tensor of the target's state by name, "step" included: KeyError 'step' without Apex/TE (seen on an H200,
+    docs/gpu.md). A `None` under "step" is what that copy already skips, so the step stays the one megatron
+    set from the param groups."""
+    patched = []
+    for inner in getattr(optimizer, "chained_optimizers", [optimizer]):
+        original = getattr(inner, "_set_main_param_and_optimizer_states", None)
+        if original is not None:
+            inner._set_main_param_and_optimizer_states = (
+                lambda model_param, tensors, original=original: original(model_param, {"step": None, **tensors}))
+            patched.append(inner)
+    try:
+        yield
+    finally:
+        for inner in patched:
+            del inner._set_main_param_and_optimizer_states
+
+
+@contextlib.contextmanager
 def _data_parallel_rank_of(parallel: AgentParallel) -> Iterator[None]:
     """Let megatron's global `get_data_parallel_rank` answer with this agent's data-parallel rank.
 
@@ -522,7 +543,8 @@ def load_agent_checkpoint(folder: PathLike, agent: AgentModel, optimizer: Option
     loaded = _restore_common_state(loaded)
     _unwrapped(agent.model).load_state_dict(loaded["model"], strict=True)
     if optimizer is not None:
-        optimizer.load_state_dict(loaded["optimizer"])
+        with _adam_step_left_to_param_groups(optimizer):
+            optimizer.load_state_dict(loaded["optimizer"])
     return metadata
 
 

@@ -64,11 +64,11 @@ class RolloutPipeline:
         generated_by = [work.generated_by] * len(self.agents.configs)
         metrics: Dict[int, Dict[str, float]] = {k: {} for k in range(len(generated_by))}
         rollouts = self._collect(step, work.handles, prompt_ids, generated_by, times, metrics)
+        self.clock.learners_start(time.time())  # the answers are in: scoring them is the learners' side's work
         scores, reward_stats = self._score(step, work.prompts, rollouts, times)
         if self.cfg.rollout.max_staleness:
             for k, version in enumerate(generated_by):
                 metrics[k]["staleness/versions_behind"] = float(step - version)
-        self.clock.learners_start(time.time())
         return StepRollouts(work.prompts, prompt_ids, rollouts, scores, reward_stats, generated_by, metrics)
 
     def sampler_state(self) -> Dict[str, Any]:

@@ -76,3 +76,36 @@ def test_a_fresh_distributed_optimizer_gets_adam_state_before_a_load_and_a_train
     megatron_io._give_adam_its_state(fresh)  # not chained; has state now: nothing more
     assert fresh.dummy_steps == 1
     megatron_io._give_adam_its_state(object())  # the CPU optimizer: no such method, nothing to do
+
+
+class _MegatronCopy:
+    """Just what megatron-core's own `DistributedOptimizer._set_main_param_and_optimizer_states` reads: one model
+    parameter whose fp32 main copy has torch Adam's state (a tensor "step" among it)."""
+
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+    _set_main_param_and_optimizer_states = DistributedOptimizer._set_main_param_and_optimizer_states
+
+    def __init__(self, model_param):
+        self.main = torch.zeros(4)
+        self.config = type("Config", (), {"use_precision_aware_optimizer_no_fp8_or_ds_fp8": False})()
+        self.model_param_group_index_map = {model_param: (0, 0)}
+        state = {self.main: {"step": torch.tensor(3.0), "exp_avg": torch.zeros(4), "exp_avg_sq": torch.zeros(4)}}
+        self.optimizer = type("Adam", (), {"param_groups": [{"params": [self.main]}], "state": state})()
+
+
+def test_a_fully_reshardable_load_copies_adam_state_and_leaves_the_step_to_the_param_groups():
+    """megatron 0.19.2's fully_reshardable load passes each parameter's tensors without "step" (its step comes from
+    the param groups) to a copy that looks up every state tensor by name: KeyError 'step' on a GPU without
+    Apex/TE. Inside the loader's context the copy skips the step and copies the rest."""
+    model_param = torch.nn.Parameter(torch.zeros(4))
+    inner = _MegatronCopy(model_param)
+    source = {"param": torch.full((4,), 1.0), "exp_avg": torch.full((4,), 2.0), "exp_avg_sq": torch.full((4,), 5.0)}
+    with pytest.raises(KeyError, match="step"):
+        inner._set_main_param_and_optimizer_states(model_param, source)  # megatron's own behaviour, unpatched
+    with megatron_io._adam_step_left_to_param_groups(_Chained(inner)):
+        inner._set_main_param_and_optimizer_states(model_param, source)
+    state = inner.optimizer.state[inner.main]
+    assert inner.main.tolist() == [1.0] * 4 and state["exp_avg"].tolist() == [2.0] * 4
+    assert state["exp_avg_sq"].tolist() == [5.0] * 4 and state["step"].item() == 3.0
+    assert "_set_main_param_and_optimizer_states" not in vars(inner)  # megatron's method again after the load
