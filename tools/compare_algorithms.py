@@ -56,6 +56,7 @@ import os
 import re
 import shlex
 import signal
+import statistics
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -378,6 +379,7 @@ class CellResult:
     outcome: str = "not run"  # what this call did: skipped / ran fresh / resumed / failed (exit N) / ...
     clip: Dict[str, Dict[int, Dict[str, float]]] = field(default_factory=dict)  # clip_diagnostics of its records
     eval_problems: Optional[int] = None  # held-out problems per evaluation (run_info.json)
+    problem_scores: Dict[str, Dict[int, List[float]]] = field(default_factory=dict)  # eval_scores.jsonl: agent -> step -> scores
 
     @property
     def finished(self) -> bool:
@@ -391,7 +393,21 @@ def collect_cell(cell: Cell, outcome: str = "not run") -> CellResult:
     curves = eval_curves(records)
     final = final_accuracies(curves) if state.status == FINISHED else {}
     return CellResult(cell, state, agent_names_of(config), final, curves, outcome, clip_diagnostics(records),
-                      eval_problems_of(cell.folder))
+                      eval_problems_of(cell.folder), problem_scores_of(cell.folder))
+
+
+def problem_scores_of(folder: Path) -> Dict[str, Dict[int, List[float]]]:
+    """Each evaluation's score per held-out problem (eval_scores.jsonl; runs before it existed have none)."""
+    scores: Dict[str, Dict[int, List[float]]] = {}
+    try:
+        lines = (Path(folder) / "eval_scores.jsonl").read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return scores
+    for line in lines:
+        if line.strip():
+            record = json.loads(line)
+            scores.setdefault(record["agent"], {})[record["step"]] = record["scores"]
+    return scores
 
 
 def eval_problems_of(folder: Path) -> Optional[int]:
@@ -405,22 +421,31 @@ def eval_problems_of(folder: Path) -> Optional[int]:
 
 def gain_rows(results: Sequence[CellResult], labels: Sequence[str]) -> List[List[str]]:
     """Per finished cell and agent: held-out accuracy at the first and the last evaluation, the gain, and the gain
-    in standard errors. The standard error of each accuracy is binomial over the problems, sqrt(p (1 - p) / n):
-    problems are the unit (k samples of one problem are not independent), and an average of k samples per problem
-    varies less than that, so this errs on the large side; the gain's is sqrt(se_first^2 + se_last^2), which
-    ignores that both evaluations score the same problems (a positive correlation, which would make it smaller)."""
+    in standard errors. Problems are the unit (the k samples of one problem are not independent). With each
+    problem's score at both evaluations (eval_scores.jsonl) the standard error is the paired one: the spread of
+    the per-problem gains d_i over sqrt(n), sd(d) / sqrt(n), which counts both the sampling of problems and that
+    of the answers, and that both evaluations score the same problems. Without them (older runs) it is binomial
+    per evaluation, sqrt(p (1 - p) / n), combined as if the two were independent: on the large side twice over
+    (an average of k samples varies less than one answer, and the two evaluations correlate)."""
     rows = []
     for label in labels:
         for r in results:
-            if r.cell.variant.label != label or not r.finished or not r.eval_problems:
+            if r.cell.variant.label != label or not r.finished:
                 continue
             for agent, last in r.final.items():
-                first_step = min(r.curves[agent])
+                first_step, last_step = min(r.curves[agent]), max(r.curves[agent])
                 first = r.curves[agent][first_step]
-                se = math.sqrt(sum(p * (1 - p) for p in (first, last)) / r.eval_problems)
+                per_problem = r.problem_scores.get(agent, {})
+                before, after = per_problem.get(first_step), per_problem.get(last_step)
+                if before and after and len(before) == len(after) > 1:
+                    se, kind = statistics.stdev(b - a for a, b in zip(before, after)) / math.sqrt(len(before)), "paired"
+                elif r.eval_problems:
+                    se, kind = math.sqrt(sum(p * (1 - p) for p in (first, last)) / r.eval_problems), "binomial"
+                else:
+                    continue
                 ratio = f"{(last - first) / se:+.1f}" if se > 0 else "n/a"
                 rows.append([label, agent, str(r.cell.seed), f"{first:.3f} (step {first_step})",
-                             f"{last:.3f} (step {max(r.curves[agent])})", f"{last - first:+.3f}", f"{se:.3f}", ratio])
+                             f"{last:.3f} (step {last_step})", f"{last - first:+.3f}", f"{se:.3f} ({kind})", ratio])
     return rows
 
 
@@ -536,9 +561,10 @@ def results_markdown(results: Sequence[CellResult], labels: Sequence[str], basel
     gains = gain_rows(results, labels)
     if gains:
         lines += ["", "## Held-out gain over the run", "",
-                  "Per finished cell: the first and the last evaluation, their difference, its standard error (binomial "
-                  "over the held-out problems, both evaluations taken as independent: on the large side) and the gain "
-                  "in standard errors.", ""]
+                  "Per finished cell: the first and the last evaluation, their difference, its standard error over "
+                  "the held-out problems (paired: the spread of the per-problem gains; binomial, for runs without "
+                  "eval_scores.jsonl: each evaluation's, taken as independent, on the large side) and the gain in "
+                  "standard errors.", ""]
         lines += _markdown_table(["variant", "agent", "seed", "first", "last", "gain", "SE", "gain / SE"], gains)
     if baseline:
         lines += ["", f"## Paired difference to {baseline}", "",

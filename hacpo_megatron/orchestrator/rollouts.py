@@ -4,7 +4,7 @@
     work = pipeline.step_rollouts(step, times)   # every rank: prompts, answers, scores, weight versions
     ... train step `step`, push the new weights ...
     pipeline.sampler_state()                     # what a checkpoint keeps of the sampler (in-flight steps undrawn)
-    held_out_accuracy(cfg, agents, eval_set, reward_actor, options, done)   # every rank; figures on rank 0
+    held_out_scores(cfg, agents, eval_set, reward_actor, options, done)   # every rank; figures on rank 0
 
 With k = 0 a step's prompts are drawn and answered when the step begins: the synchronous loop, the paper's
 algorithm. With k >= 1 the engines answer steps t+1 .. t+k while the learners train step t (orchestrator/pipeline.py
@@ -144,10 +144,11 @@ class RolloutPipeline:
         return payload[0]
 
 
-def held_out_accuracy(cfg: Any, agents: Any, eval_set: list, reward_actor: Any, options: Any, done: int) -> Dict[str, float]:
-    """Held-out accuracy of every agent (on rank 0; {} elsewhere): the mean score of its answers (greedy, or k
-    samples with a seed that is the same at every evaluation, so successive evaluations differ by the weights
-    only). Collective: an engine that died (Ray's memory monitor ends actors when the machine passes 95 % of its
+def held_out_scores(cfg: Any, agents: Any, eval_set: list, reward_actor: Any, options: Any, done: int) -> Dict[str, List[float]]:
+    """Every agent's score on each held-out problem (on rank 0; {} elsewhere): the mean score of its answers to
+    it (greedy, or k samples with a seed that is the same at every evaluation, so successive evaluations differ by
+    the weights only). Their mean is the held-out accuracy; kept per problem, two evaluations can be compared
+    problem by problem (a paired standard error: tools/compare_algorithms.py). Collective: an engine that died (Ray's memory monitor ends actors when the machine passes 95 % of its
     memory) is given its weights again by its ranks and answers again, as in a training step."""
     d, rank = cfg.data, dist.get_rank()
     params = SamplingParams(n=d.eval_samples, greedy=d.eval_greedy, temperature=cfg.rollout.temperature,
@@ -177,11 +178,11 @@ def held_out_accuracy(cfg: Any, agents: Any, eval_set: list, reward_actor: Any, 
                            f"after step {done}")
     if rank != 0:
         return {}
-    accuracies = {}
+    per_problem = {}
     for k in range(len(agents.configs)):
         scores, _ = call_with_restarts(reward_actor, "score", reward_items(eval_set, [answers[k]]))
-        accuracies[agents.names[k]] = float(np.mean(scores))
-    return accuracies
+        per_problem[agents.names[k]] = np.asarray(scores, dtype=np.float64).reshape(len(eval_set), -1).mean(1).tolist()
+    return per_problem
 
 
 def wait_for_generations(handles: Dict[int, Any]):

@@ -15,6 +15,7 @@ from typing import Any, Dict, List, Mapping, Sequence, Union
 PathLike = Union[str, os.PathLike]
 
 METRICS_FILE = "metrics.jsonl"
+EVAL_SCORES_FILE = "eval_scores.jsonl"  # per evaluation and agent: the score of each held-out problem
 RUN_INFO_FILE = "run_info.json"  # facts about the run as a whole (e.g. prompts used and skipped)
 
 EVAL_ACCURACY = "eval/accuracy"

@@ -8,7 +8,7 @@ from typing import Any, Dict, Mapping, Optional, Sequence
 
 from hacpo_megatron.reporting.plots import CURVES_FILE, EVAL_PLOT_FILE, plot_curves, plot_eval_accuracy
 from hacpo_megatron.reporting.records import (
-    EVAL_ACCURACY, METRICS_FILE, MetricsError, PathLike, check_step_records, flatten_record, json_line,
+    EVAL_ACCURACY, EVAL_SCORES_FILE, METRICS_FILE, MetricsError, PathLike, check_step_records, flatten_record, json_line,
     read_run_info, truncate_metrics, update_run_info,
 )
 from hacpo_megatron.reporting.run_metrics import load_run
@@ -47,6 +47,8 @@ class RunReporter:
         # Also on a fresh run (start_step 0): lines from an earlier run in the same folder would mix in.
         truncate_metrics(self.metrics_path, start_step)
         self._metrics_file = open(self.metrics_path, "a", encoding="utf-8")
+        truncate_metrics(self.output_dir / EVAL_SCORES_FILE, start_step)
+        self._eval_scores_file = open(self.output_dir / EVAL_SCORES_FILE, "a", encoding="utf-8")
         self._trackers = self._open_trackers(trackers, TrackerSettings(
             output_dir=self.output_dir, run_name=run_name or self.output_dir.name, project=project,
             params=dict(params or {}), start_step=start_step, mlflow_tracking_uri=mlflow_tracking_uri))
@@ -106,6 +108,14 @@ class RunReporter:
         if self._bar is not None:
             self._bar.set_postfix_str(self._postfix())
 
+    def log_held_out(self, step: int, scores: Mapping[str, Sequence[float]]) -> None:
+        """Log each agent's score on every held-out problem at `step` (eval_scores.jsonl, for paired comparisons
+        of two evaluations) and their mean, the held-out accuracy (metrics.jsonl and the trackers)."""
+        self.log_eval(step, {agent: sum(s) / len(s) for agent, s in scores.items()})  # checks the agents' names
+        for agent, per_problem in scores.items():
+            self._eval_scores_file.write(json_line({"step": step, "agent": agent, "scores": list(per_problem)}))
+        self._eval_scores_file.flush()
+
     def _write(self, flat: Dict[str, Any], agent: str, for_trackers: Dict[str, float]) -> None:
         """One line of metrics.jsonl; its numbers also go to `for_trackers` as "<agent>/<metric>"."""
         self._metrics_file.write(json_line(flat))
@@ -138,6 +148,7 @@ class RunReporter:
         if self._bar is not None:
             self._bar.close()
         self._metrics_file.close()
+        self._eval_scores_file.close()
         summary = render_run_outputs(self.output_dir, agent_names=self.agent_names, plots=self.plots)
         print(summary)
         artifacts = [self.output_dir / name for name in (SUMMARY_FILE, CURVES_FILE, EVAL_PLOT_FILE)]

@@ -39,7 +39,7 @@ from hacpo_megatron.models.build import AgentModel
 from hacpo_megatron.models.presets import load_hf_config_dict
 from hacpo_megatron.orchestrator.preemption import Preempted, PreemptionGuard
 from hacpo_megatron.orchestrator.ray_runtime import RayRuntime, object_store_stats
-from hacpo_megatron.orchestrator.rollouts import RolloutPipeline, held_out_accuracy, kill_actor
+from hacpo_megatron.orchestrator.rollouts import RolloutPipeline, held_out_scores, kill_actor
 from hacpo_megatron.orchestrator.startup import start_actors
 from hacpo_megatron.orchestrator.weight_delivery import (
     push_all_weights, push_weights, resend_to_lost_engines, restore_restarted_engines,
@@ -165,9 +165,9 @@ def run_hacpo(cfg: Config, options: RunOptions, model_provider: ModelProvider) -
     pipeline = RolloutPipeline(cfg, agents, sampler, reward_actor, G, options, start_step) if agents.engines_running else None
     reporter = _reporter(cfg, agents, options, start_step) if rank == 0 else None
     if start_step == 0 and cfg.data.eval_every and eval_set:
-        accuracies = held_out_accuracy(cfg, agents, eval_set, reward_actor, options, done=0)  # collective
+        scores = held_out_scores(cfg, agents, eval_set, reward_actor, options, done=0)  # collective
         if rank == 0:
-            reporter.log_eval(0, accuracies)
+            reporter.log_held_out(0, scores)
     finished = False
     preemption = PreemptionGuard.install()
     try:
@@ -177,9 +177,9 @@ def run_hacpo(cfg: Config, options: RunOptions, model_provider: ModelProvider) -
                 reporter.log_step(step + 1, records)
             done = step + 1
             if cfg.data.eval_every and eval_set and (done % cfg.data.eval_every == 0 or done == cfg.run.total_steps):
-                accuracies = held_out_accuracy(cfg, agents, eval_set, reward_actor, options, done)  # collective
+                scores = held_out_scores(cfg, agents, eval_set, reward_actor, options, done)  # collective
                 if rank == 0:
-                    reporter.log_eval(done, accuracies)
+                    reporter.log_held_out(done, scores)
             stop = preemption.stop_requested()  # collective: a signal to any rank ends the run here
             keeps = cfg.run.mode != "rollout_only"  # rollout_only learns nothing: no checkpoint to keep
             if keeps and (stop or _checkpoint_due(cfg, done)):

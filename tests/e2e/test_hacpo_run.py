@@ -151,6 +151,12 @@ def test_rollout_only_generates_and_scores_with_no_update(reference_run, tmp_pat
     evals = {(r["step"], r["agent"]): r["eval/accuracy"] for r in records if r["kind"] == "eval"}
     assert {step for step, _ in evals} == {0, 2}
     assert all(evals[(2, agent)] == evals[(0, agent)] for _, agent in evals)
+    problems = json.loads((out / "run_info.json").read_text())["prompts"]["eval"]["used"]
+    scores = {(r["step"], r["agent"]): r["scores"]
+              for r in map(json.loads, (out / "eval_scores.jsonl").read_text().splitlines())}
+    assert scores.keys() == evals.keys()  # each problem's score, whose mean is the accuracy, the same problem by problem
+    assert all(len(s) == problems and sum(s) / problems == pytest.approx(evals[key]) for key, s in scores.items())
+    assert all(scores[(2, agent)] == scores[(0, agent)] for _, agent in scores)
     for name in ("qwen3-tiny.json", "llama-tiny.json", "step.json"):
         ours = json.loads((saved / "step_000001" / name).read_text())
         reference = json.loads((reference_run.parent / "rollouts" / "step_000001" / name).read_text())

@@ -166,6 +166,30 @@ def test_resume_truncates_steps_from_start_step(tmp_path):
     assert summarize_agent(load_run(tmp_path), "qwen3-tiny").last_eval == (0, pytest.approx(0.10))
 
 
+def test_held_out_scores_per_problem_and_their_mean_and_a_resume_drops_the_redone_ones(tmp_path):
+    def run(start_step, evals):
+        reporter = RunReporter(tmp_path, AGENTS, total_steps=STEPS, trackers=(), plots=False, progress_bar=False,
+                               start_step=start_step)
+        for step, scores in evals.items():
+            reporter.log_held_out(step, scores)
+        reporter.close()
+
+    run(0, {0: {"qwen3-tiny": [0.0, 0.25, 1.0, 0.75], "llama-tiny": [0.5, 0.0, 0.0, 0.0]},
+            4: {"qwen3-tiny": [1.0, 1.0, 1.0, 1.0], "llama-tiny": [0.0, 0.0, 0.0, 0.0]}})
+    run(4, {5: {"qwen3-tiny": [0.5, 0.5, 0.5, 0.5], "llama-tiny": [1.0, 0.0, 1.0, 0.0]}})  # resumed at step 4
+    accuracy = {(r["step"], r["agent"]): r["eval/accuracy"] for r in read_metrics(tmp_path / "metrics.jsonl")}
+    assert accuracy == {(0, "qwen3-tiny"): 0.5, (0, "llama-tiny"): 0.125, (5, "qwen3-tiny"): 0.5,
+                        (5, "llama-tiny"): 0.5}
+    kept = [json.loads(line) for line in (tmp_path / "eval_scores.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["agent"], r["scores"]) for r in kept] == [
+        (0, "qwen3-tiny", [0.0, 0.25, 1.0, 0.75]), (0, "llama-tiny", [0.5, 0.0, 0.0, 0.0]),
+        (5, "qwen3-tiny", [0.5] * 4), (5, "llama-tiny", [1.0, 0.0, 1.0, 0.0])]
+    with pytest.raises(MetricsError, match="unknown agent"):
+        RunReporter(tmp_path / "other", AGENTS, total_steps=1, trackers=(), plots=False,
+                    progress_bar=False).log_held_out(0, {"gemma": [1.0]})
+    assert not (tmp_path / "other" / "eval_scores.jsonl").read_text()  # nothing written for a wrong name
+
+
 def test_missing_key_names_the_key_and_agent(tmp_path):
     reporter = RunReporter(tmp_path, AGENTS, total_steps=1, trackers=(), plots=False, progress_bar=False)
     broken = make_record("llama-tiny", 0)

@@ -399,19 +399,29 @@ def test_clip_diagnostics_per_step_and_their_table_over_seeds(tool, tmp_path):
 
 
 def test_the_gain_over_the_run_in_standard_errors(tool, tmp_path):
-    """hacpo seed 1, qwen3-tiny: 0.50 at step 0, 0.70 at the last step (write_run), on 100 held-out problems:
-    SE = sqrt((0.5 * 0.5 + 0.7 * 0.3) / 100) = 0.0678, the gain 0.20 is 2.9 of them."""
+    """hacpo seed 1, qwen3-tiny: 0.50 at step 0, 0.70 at the last step (write_run), on 100 held-out problems and
+    no per-problem scores: binomial SE = sqrt((0.5 * 0.5 + 0.7 * 0.3) / 100) = 0.0678, the gain 0.20 is 2.9 of
+    them. Seed 2 kept each problem's score (eval_scores.jsonl): the paired SE, sd of the per-problem gains / sqrt(n)."""
     folder = tmp_path / "hacpo" / "seed1"
     write_run(folder, "hacpo", 1)
     (folder / "run_info.json").write_text(json.dumps({"prompts": {"eval": {"used": 100, "skipped_overlong": 0}}}))
-    write_run(tmp_path / "hacpo" / "seed2", "hacpo", 2)  # no run_info.json: no row (n unknown)
+    paired = tmp_path / "hacpo" / "seed2"
+    write_run(paired, "hacpo", 2)  # no run_info.json: llama-tiny, without scores either, gets no row (n unknown)
+    before, after = [0.0, 1.0, 0.5, 0.5], [0.5, 1.0, 0.75, 0.55]
+    (paired / "eval_scores.jsonl").write_text("".join(
+        json.dumps({"step": step, "agent": "qwen3-tiny", "scores": scores}) + "\n"
+        for step, scores in ((0, before), (4, after))))
     results = [tool.collect_cell(cell) for cell in tool.plan_cells([tool.Variant("hacpo", "cfg.yaml")], [1, 2],
                                                                     tmp_path)]
     rows = tool.gain_rows(results, ["hacpo"])
     se = math.sqrt((0.5 * 0.5 + 0.7 * 0.3) / 100)
-    assert rows[0] == ["hacpo", "qwen3-tiny", "1", "0.500 (step 0)", "0.700 (step 4)", "+0.200", f"{se:.3f}",
+    assert rows[0] == ["hacpo", "qwen3-tiny", "1", "0.500 (step 0)", "0.700 (step 4)", "+0.200", f"{se:.3f} (binomial)",
                        f"{0.2 / se:+.1f}"]
-    assert [row[:3] for row in rows] == [["hacpo", agent, "1"] for agent in AGENTS]
+    gains = [b - a for a, b in zip(before, after)]  # 0.5, 0, 0.25, 0.05: mean 0.2, sd 0.2254
+    paired_se = math.sqrt(sum((g - 0.2) ** 2 for g in gains) / 3) / 2  # / sqrt(4 problems)
+    gain = float(rows[2][5])  # seed 2's accuracies (write_run's) differ from seed 1's; the SE is the scores'
+    assert rows[2][6:] == [f"{paired_se:.3f} (paired)", f"{gain / paired_se:+.1f}"]
+    assert [row[:3] for row in rows] == [["hacpo", agent, "1"] for agent in AGENTS] + [["hacpo", "qwen3-tiny", "2"]]
     text = tool.results_markdown(results, ["hacpo"], None, {}, base_config="cfg.yaml", seeds=[1, 2],
                                  workdir=str(tmp_path))
-    assert "## Held-out gain over the run" in text and f"| +0.200 | {se:.3f} | +2.9 |" in text
+    assert "## Held-out gain over the run" in text and f"| +0.200 | {se:.3f} (binomial) | +2.9 |" in text
