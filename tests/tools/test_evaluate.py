@@ -132,6 +132,20 @@ def test_sampled_accuracy_and_limit(evaluate_tool, seven_model_dir, tmp_path):
     assert totals["truncated"] == 12
 
 
+def test_a_reasoning_gym_generator_is_evaluated_on_its_held_out_split(evaluate_tool, seven_model_dir, tmp_path):
+    """`--benchmark reasoning_gym:<generator>`: no --data; the held-out split the training run evaluates on. The
+    model answers "7" to everything, so it scores exactly the sums of three digits whose answer is 7."""
+    from hacpo_megatron.data import load_prompts
+
+    spec = "reasoning_gym:chain_sum?size=60&min_terms=3&max_terms=3&min_digits=1&max_digits=1"
+    held_out = load_prompts(spec, split="eval")[:24]
+    code, report = _run(evaluate_tool, ["--checkpoint", seven_model_dir, "--benchmark", spec, "--limit", 24,
+                                        "--greedy", "--max-new-tokens", 8], tmp_path / "rg.json")
+    assert code == 0 and report["totals"]["num_prompts"] == len(held_out) == 24
+    assert [p["mean_score"] for p in report["prompts"]] == [float(r.ground_truth == "7") for r in held_out]
+    assert 0 < report["totals"]["accuracy"] < 1  # some answers are 7, some are not: the check means something
+
+
 def test_eval_totals_pass_at_1_is_the_mean_over_samples(evaluate_tool):
     completion = SimpleNamespace(truncated=False, token_ids=[1, 2])
     scores = [[1.0, 0.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0], [0.0, 0.0, 0.0, 0.0]]
