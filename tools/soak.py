@@ -3,6 +3,8 @@
     python tools/soak.py --config configs/default.yaml --steps 1000 --out soak/default [--every 5] \\
         [--set checkpoint.save_every=50 ...] [-- LAUNCHER ARGS, e.g. --kill-engine-at-step 500]
     python tools/soak.py --out soak/default --verdict-only      # plots and verdict again from samples.csv
+    python tools/soak.py --config ... --steps 200 --out soak/faults --sigterm-at-step 150 \
+        -- --kill-engine-at-step 50 --kill-reward-at-step 100  # faults: compared before and after (below)
 
 What is sampled, every --every seconds, for each process of the run's tree (the launcher's descendants: torchrun,
 every rank, Ray's GCS and raylet and their workers, each engine actor and vLLM's processes, the reward actor and
@@ -21,8 +23,14 @@ step's samples: what stays, not what a phase holds for a moment) and the bound i
     checkpoints/           < 1 MiB per 100 steps (keep_last holds it)
     object store           at every step's end within 1 MiB of the first step's; spilled bytes do not grow
 
-Exit code 0: nothing grows; 1: something does (named in the verdict); 2: bad input; the run's own exit code if it
-failed. The run's output goes to OUT/run (its launcher log: OUT/launcher.log).
+With faults (an engine or the reward actor killed by the launcher's --kill-*-at-step flags, and --sigterm-at-step N:
+SIGTERM to the run once step N is logged, then the same command with --resume, sampled on into the same CSV) the
+verdict adds, per kind, the process count and resident memory of the steps before the first fault against those of
+the last quarter of the run: after recovery the same number of processes (nothing leaked or lost) and memory back
+inside the band it held before (its per-step range, widened by 10 %). The slopes then span a restart and say less.
+
+Exit code 0: nothing grows; 1: something does, or a kind did not come back (named in the verdict); 2: bad input;
+the run's own exit code if it failed. The run's output goes to OUT/run (its launcher log: OUT/launcher.log).
 """
 from __future__ import annotations
 
@@ -45,6 +53,9 @@ from sample_memory import KINDS, describe  # noqa: E402
 
 SAMPLES_FILE = "samples.csv"
 VERDICT_FILE = "verdict.md"
+FAULTS_FILE = "faults.json"  # the step of the first fault, for --verdict-only
+PREEMPTED_EXIT_CODE = 143  # the launcher's exit after a SIGTERM it honoured (orchestrator/preemption.py)
+BAND_MARGIN = 0.10  # memory after the faults may exceed the range it held before them by this much
 FIELDS = ("time", "step", "pid", "kind", "rank", "rss_bytes", "fds", "threads", "children")
 QUANTITIES = ("rss_bytes", "fds", "threads", "children", "processes")
 MIB = 1 << 20
@@ -118,6 +129,15 @@ class StepCounter:
         return self.step
 
 
+def first_fault(launcher_args: Sequence[str], sigterm_at: Optional[int]) -> Optional[int]:
+    """The step of the soak's first fault: --sigterm-at-step, or a launcher's --kill-...-at-step N (0-based: the
+    fault strikes while step N + 1 runs, so step N is the last whole step before it)."""
+    steps = [sigterm_at] if sigterm_at else []
+    steps += [int(launcher_args[i + 1]) for i, a in enumerate(launcher_args[:-1])
+              if a.startswith("--kill-") and a.endswith("-at-step")]
+    return min(steps) if steps else None
+
+
 def soak(args: argparse.Namespace, launcher_args: Sequence[str]) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -125,24 +145,40 @@ def soak(args: argparse.Namespace, launcher_args: Sequence[str]) -> int:
     command = [sys.executable, "-m", "hacpo_megatron.launch", "--config", args.config,
                "--set", f"run.total_steps={args.steps}", *[x for s in args.overrides for x in ("--set", s)],
                "--output-dir", str(run_dir), *launcher_args]
+    fault = first_fault(launcher_args, args.sigterm_at_step)
+    (out / FAULTS_FILE).write_text(json.dumps({"first_fault_step": fault}))
     print("soak:", " ".join(command), flush=True)
-    with open(out / "launcher.log", "w") as log:
-        launcher = subprocess.Popen(command, cwd=Path(__file__).resolve().parents[1], stdout=log,
-                                    stderr=subprocess.STDOUT, start_new_session=True)
-    stop = []
+    log = open(out / "launcher.log", "w")
+
+    def start(extra: Sequence[str] = ()) -> subprocess.Popen:
+        return subprocess.Popen([*command, *extra], cwd=Path(__file__).resolve().parents[1], stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+
+    launcher, stop, terminated = start(), [], False
     for signum in (signal.SIGTERM, signal.SIGINT):  # passed on: the run checkpoints and stops; so do we
         signal.signal(signum, lambda *_: (stop.append(1), os.killpg(launcher.pid, signal.SIGTERM)))
     root, steps = psutil.Process(launcher.pid), StepCounter(run_dir / "metrics.jsonl")
     with open(out / SAMPLES_FILE, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=FIELDS)
         writer.writeheader()
-        while launcher.poll() is None:
+        while True:
+            if launcher.poll() is not None:
+                if not (terminated and launcher.returncode == PREEMPTED_EXIT_CODE and not stop):
+                    break
+                print(f"soak: the run stopped on SIGTERM after step {steps.read()}: --resume", flush=True)
+                launcher, terminated = start(["--resume"]), False  # sampled on from the checkpoint's step
+                root, steps = psutil.Process(launcher.pid), StepCounter(run_dir / "metrics.jsonl")
+                args.sigterm_at_step = None
             now, step = round(time.time(), 1), steps.read()
+            if args.sigterm_at_step and step >= args.sigterm_at_step and not terminated:
+                os.killpg(launcher.pid, signal.SIGTERM)  # the run finishes its step, checkpoints and stops
+                terminated = True
             kinds: Dict[int, str] = {}
             rows = [row for p in run_tree(root) if (row := process_row(p, now, step, kinds)) is not None]
             writer.writerows(rows + whole_run_rows(run_dir, now, step))
             f.flush()
             time.sleep(args.every)
+    log.close()
     if launcher.returncode != 0:
         print(f"soak: the run ended with exit code {launcher.returncode} (log: {out / 'launcher.log'})", flush=True)
         judge(out)
@@ -228,6 +264,33 @@ def findings(rows: Sequence[dict], store: Dict[int, Dict[str, float]]) -> List[F
     return out
 
 
+def recovery(rows: Sequence[dict], fault_step: int) -> List[Finding]:
+    """Per process kind: its process count and resident memory over the last quarter of the run against the steps
+    before the first fault. Count: the median per step, which must be equal. Memory: the median per step, which
+    must lie inside the range the kind held before (widened by BAND_MARGIN); `value` is how far outside, in MiB."""
+    out = []
+    series = per_step_series(rows)
+    last = max((step for by_step in series.values() for step in by_step), default=0)
+    for (kind, quantity), by_step in sorted(series.items()):
+        if kind in (MACHINE, RUN_LOGS, CHECKPOINTS) or quantity not in ("processes", "rss_bytes"):
+            continue
+        before = [v for s, v in by_step.items() if s <= fault_step]
+        after = [v for s, v in by_step.items() if s > last - max((last - fault_step) // 4, 1)]
+        if not before or not after:
+            continue
+        now = sorted(after)[len(after) // 2]
+        if quantity == "processes":
+            was = sorted(before)[len(before) // 2]
+            out.append(Finding(kind, "processes", now - was, 0.5, "", was, now,
+                               measure="median count after the faults minus before"))
+        else:
+            lo, hi = min(before) * (1 - BAND_MARGIN), max(before) * (1 + BAND_MARGIN)
+            outside = max(lo - now, now - hi, 0.0) / MIB
+            out.append(Finding(kind, "rss_bytes", outside, 1.0, "MiB", sorted(before)[len(before) // 2] / MIB, now / MIB,
+                               measure=f"median after the faults, outside the band before (+-{BAND_MARGIN:.0%})"))
+    return out
+
+
 def object_store_by_step(metrics_path: Path) -> Dict[int, Dict[str, float]]:
     store: Dict[int, Dict[str, float]] = {}
     if metrics_path.is_file():
@@ -246,6 +309,9 @@ def judge(out: Path) -> int:
         rows = list(csv.DictReader(f))
     store = object_store_by_step(out / "run" / "metrics.jsonl")
     found = findings(rows, store)
+    faults = json.loads((out / FAULTS_FILE).read_text()) if (out / FAULTS_FILE).is_file() else {}
+    if faults.get("first_fault_step"):
+        found += recovery(rows, faults["first_fault_step"])
     steps = sorted({int(r["step"]) for r in rows if int(r["step"]) > 0})
     lines = [f"# Soak verdict: {out}", "",
              f"Steps {steps[0] if steps else 0}-{steps[-1] if steps else 0} sampled ({len(rows)} rows); the slopes "
@@ -307,6 +373,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--every", type=float, default=5.0, help="seconds between samples (default 5)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--verdict-only", action="store_true", help="judge OUT/samples.csv again; run nothing")
+    parser.add_argument("--sigterm-at-step", type=int, help="SIGTERM the run once this step is logged, then --resume")
     args = parser.parse_args(argv)
     if args.verdict_only:
         if not (Path(args.out) / SAMPLES_FILE).is_file():

@@ -66,3 +66,32 @@ def test_verdict_file_and_exit_code(tmp_path):
     assert "**1 growing**: examples/hacpo_pretrain_style.py rss_bytes" in verdict
     assert (tmp_path / "rss_bytes.png").stat().st_size > 10_000 and (tmp_path / "storage.png").is_file()
     assert soak.main(["--out", str(tmp_path / "none"), "--verdict-only"]) == 2
+
+
+def engines(steps, count, rss_mib):
+    """`count` engine processes of `rss_mib` each, one sample per step (pids change: restarted actors)."""
+    return [{k: str(v) for k, v in dict(time=step * 10, step=step, pid=100 * step + i, kind="ray::EngineActor",
+                                         rank="", rss_bytes=rss_mib(step) * MIB, fds=40, threads=20,
+                                         children=0).items()}
+            for step in steps for i in range(count(step))]
+
+
+def test_after_the_faults_the_same_processes_in_the_same_memory_band():
+    """First fault after step 10 of 40: steps 1-10 are the band (800-840 MiB a process, 2 processes), steps 31-40
+    (the last quarter) are judged against it."""
+    band = lambda step: 800 + 4 * (step % 11)  # 800..840 before
+    recovered = engines(range(1, 41), lambda step: 2, lambda step: band(step) if step <= 10 else 850)
+    assert all(x.ok for x in soak.recovery(recovered, 10))
+    leaked = engines(range(1, 41), lambda step: 3 if step > 20 else 2, lambda step: 820)
+    (count, memory) = soak.recovery(leaked, 10)
+    assert (count.quantity, count.ok, count.first, count.last) == ("processes", False, 2, 3)
+    assert not memory.ok and memory.value == pytest.approx(3 * 820 - 2 * 820 * 1.1)  # the kind's sum: 3 processes
+    grown = engines(range(1, 41), lambda step: 2, lambda step: 820 if step <= 10 else 1000)
+    memory = [x for x in soak.recovery(grown, 10) if x.quantity == "rss_bytes"][0]
+    assert not memory.ok and memory.value == pytest.approx(2 * 1000 - 2 * 820 * 1.1)
+
+
+def test_the_first_fault_is_the_earliest_sigterm_or_kill():
+    args = ["--kill-engine-at-step", "50", "--check-weights", "--kill-reward-at-step", "30"]
+    assert soak.first_fault(args, 80) == 30 and soak.first_fault(args, 20) == 20
+    assert soak.first_fault(["--check-weights"], None) is None
