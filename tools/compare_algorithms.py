@@ -379,7 +379,8 @@ class CellResult:
     outcome: str = "not run"  # what this call did: skipped / ran fresh / resumed / failed (exit N) / ...
     clip: Dict[str, Dict[int, Dict[str, float]]] = field(default_factory=dict)  # clip_diagnostics of its records
     eval_problems: Optional[int] = None  # held-out problems per evaluation (run_info.json)
-    problem_scores: Dict[str, Dict[int, List[float]]] = field(default_factory=dict)  # eval_scores.jsonl: agent -> step -> scores
+    # eval_scores.jsonl: agent -> step -> each held-out problem's score
+    problem_scores: Dict[str, Dict[int, List[float]]] = field(default_factory=dict)
 
     @property
     def finished(self) -> bool:

@@ -285,8 +285,8 @@ def recovery(rows: Sequence[dict], fault_step: int) -> List[Finding]:
                                measure="median count after the faults minus before"))
         else:
             lo, hi = min(before) * (1 - BAND_MARGIN), max(before) * (1 + BAND_MARGIN)
-            outside = max(lo - now, now - hi, 0.0) / MIB
-            out.append(Finding(kind, "rss_bytes", outside, 1.0, "MiB", sorted(before)[len(before) // 2] / MIB, now / MIB,
+            outside, was = max(lo - now, now - hi, 0.0) / MIB, sorted(before)[len(before) // 2]
+            out.append(Finding(kind, "rss_bytes", outside, 1.0, "MiB", was / MIB, now / MIB,
                                measure=f"median after the faults, outside the band before (+-{BAND_MARGIN:.0%})"))
     return out
 

@@ -97,7 +97,7 @@ class PhaseClock:
 
     The learners' turn runs from the moment a step's answers are in (`learners_start`) until the next step asks
     for its answers (`learners_stop`): scoring, update, weight push, metrics, any evaluation and checkpoint (on a
-    GPU the tiny agents' generations fit inside the scoring alone: measured 0 % hidden before scoring counted). An engine's
+    GPU the tiny agents' generations fit inside the scoring alone: 2 % hidden before scoring counted). An engine's
     generation is hidden as far as it falls inside those turns; the time between an engine's generations is the
     time it waited for work, which at k = 0 is the learners' whole turn (the new weights) and at k >= 1 what the
     launches ahead did not fill. Engines and rank 0 read the same clock on one machine; across machines the

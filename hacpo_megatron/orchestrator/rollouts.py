@@ -144,12 +144,14 @@ class RolloutPipeline:
         return payload[0]
 
 
-def held_out_scores(cfg: Any, agents: Any, eval_set: list, reward_actor: Any, options: Any, done: int) -> Dict[str, List[float]]:
+def held_out_scores(cfg: Any, agents: Any, eval_set: list, reward_actor: Any, options: Any,
+                    done: int) -> Dict[str, List[float]]:
     """Every agent's score on each held-out problem (on rank 0; {} elsewhere): the mean score of its answers to
     it (greedy, or k samples with a seed that is the same at every evaluation, so successive evaluations differ by
     the weights only). Their mean is the held-out accuracy; kept per problem, two evaluations can be compared
-    problem by problem (a paired standard error: tools/compare_algorithms.py). Collective: an engine that died (Ray's memory monitor ends actors when the machine passes 95 % of its
-    memory) is given its weights again by its ranks and answers again, as in a training step."""
+    problem by problem (a paired standard error: tools/compare_algorithms.py). Collective: an engine that died
+    (Ray's memory monitor ends actors when the machine passes 95 % of its memory) is given its weights again by
+    its ranks and answers again, as in a training step."""
     d, rank = cfg.data, dist.get_rank()
     params = SamplingParams(n=d.eval_samples, greedy=d.eval_greedy, temperature=cfg.rollout.temperature,
                             top_p=cfg.rollout.top_p, max_new_tokens=cfg.rollout.max_response_length,

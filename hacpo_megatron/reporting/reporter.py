@@ -8,8 +8,8 @@ from typing import Any, Dict, Mapping, Optional, Sequence
 
 from hacpo_megatron.reporting.plots import CURVES_FILE, EVAL_PLOT_FILE, plot_curves, plot_eval_accuracy
 from hacpo_megatron.reporting.records import (
-    EVAL_ACCURACY, EVAL_SCORES_FILE, METRICS_FILE, MetricsError, PathLike, check_step_records, flatten_record, json_line,
-    read_run_info, truncate_metrics, update_run_info,
+    EVAL_ACCURACY, EVAL_SCORES_FILE, METRICS_FILE, MetricsError, PathLike, check_step_records, flatten_record,
+    json_line, read_run_info, truncate_metrics, update_run_info,
 )
 from hacpo_megatron.reporting.run_metrics import load_run
 from hacpo_megatron.reporting.summary import SUMMARY_FILE, summary_markdown
