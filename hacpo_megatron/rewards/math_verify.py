@@ -6,6 +6,12 @@ Equality is decided by HuggingFace's math-verify (symbolic and numeric compariso
 Decisions a reader should know:
 - The final answer is the last ``\\boxed{}``, else a plain final answer ("the answer is 42", a bare "42");
   see ``answers.py``. Only that answer is parsed, never the whole response.
+- A final answer that restates the problem is judged by what it states, not by the problem: for a ground truth
+  that is no equation, "67 + 75 + 85 = 250" answers 250 (the text after its last "="; math-verify alone parses
+  the left side, 227, and calls it right), and for a ground truth that is a plain number, an answer that is
+  still an unevaluated sum, difference, product or power ("67 + 75 + 85") scores 0. Found when SmolLM2,
+  trained on reasoning-gym's chain_sum, learned within 12 steps to copy the problem and append any number
+  (docs/real_model.md). Fractions ("3/4" for 0.75) still count: "/" writes a number.
 - Numbers are compared with math-verify's default ``float_rounding=6``: an answer equal to the truth to
   6 decimal places counts, so 0.4999999 is accepted for 1/2. We keep it because published MATH-style
   numbers (and the HACPO authors' scorer) use math-verify's defaults; a stricter grader would make our
@@ -21,6 +27,7 @@ Decisions a reader should know:
 from __future__ import annotations
 
 import logging
+import re
 import signal
 import threading
 from typing import Any, Optional
@@ -53,9 +60,12 @@ def answer_is_correct(solution_str: str, ground_truth: Any) -> bool:
     truth = ground_truth_answer(ground_truth)
     if truth is None:
         return False
+    answer = _as_parse_input(solution_str, truth)
+    if answer is None:
+        return False
     timeout_s = _math_verify_timeout_s()
     gold = math_verify.parse(_boxed(truth), parsing_timeout=timeout_s)
-    predicted = math_verify.parse(_as_parse_input(solution_str), parsing_timeout=timeout_s)
+    predicted = math_verify.parse(answer, parsing_timeout=timeout_s)
     if not gold or not predicted:
         return False
     return math_verify.verify(gold, predicted, float_rounding=FLOAT_ROUNDING, timeout_seconds=timeout_s)
@@ -73,12 +83,23 @@ def ground_truth_answer(ground_truth: Any) -> Optional[str]:
     return text or None
 
 
-def _as_parse_input(solution_str: str) -> str:
-    """What math-verify parses for a response: its final answer, boxed when it came from a box."""
+_BARE_EQUALS = re.compile(r"(?<![<>!=:\\])=(?!=)")  # "=", not "<=", ">=", "!=", "==", ":=" or LaTeX's "\="
+_PLAIN_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+_UNEVALUATED = re.compile(r"\d\s*(?:[-+*^×÷]|\\times|\\cdot|\\div)\s*\(?-?\d")  # "67 + 75", "3 \times 4"
+
+
+def _as_parse_input(solution_str: str, truth: str) -> Optional[str]:
+    """What math-verify parses for a response: its final answer (boxed when it came from a box), by what it
+    states (module docstring); None when it is an unevaluated expression where a number is due."""
     boxed = last_boxed_content(solution_str)
-    if boxed is not None:
-        return _boxed(boxed)
-    return final_answer(solution_str)  # plain text: math-verify finds the expression ("42.", "x = 5")
+    answer = boxed if boxed is not None else final_answer(solution_str)
+    if answer is None:
+        return None
+    if not _BARE_EQUALS.search(truth):
+        answer = _BARE_EQUALS.split(answer)[-1].strip()  # "67 + 75 + 85 = 227": the stated result
+    if _PLAIN_NUMBER.fullmatch(truth.strip()) and _UNEVALUATED.search(answer):
+        return None
+    return _boxed(answer) if boxed is not None else answer  # plain text: math-verify finds the expression ("42.")
 
 
 def _boxed(answer: str) -> str:

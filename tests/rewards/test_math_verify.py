@@ -62,6 +62,31 @@ def test_hand_cases(response, truth, expected):
     assert score(response, truth) == expected
 
 
+@pytest.mark.parametrize("response, truth, expected", [
+    # SmolLM2's answers after 12 steps on reasoning-gym's chain_sum: the problem restated, any number appended.
+    # math-verify alone parses the left side (the problem, which equals the truth) and scored them all 1.
+    ("The final answer to the arithmetic problem is 67 + 75 + 85 = 250.", "227", 0.0),
+    ("The final answer to the arithmetic problem is 3 - 7 = 2.", "-4", 0.0),
+    ("\\boxed{67+75+85=250}", "227", 0.0),
+    ("The final answer to the arithmetic problem is 67 + 75 + 85 = 227.", "227", 1.0),  # the stated result counts
+    ("3 - 7 = -4", "-4", 1.0),
+    ("so he has 5 + 8 = 13 pencils.", "13", 1.0),
+    ("so he has 5 + 8 = 14 pencils.", "13", 0.0),
+    # an unevaluated expression where a number is due: the problem copied, nothing computed
+    ("The answer is 67 + 75 + 85", "227", 0.0),
+    ("\\boxed{2^3}", "8", 0.0),
+    ("The answer is 6 \\times 7", "42", 0.0),
+    # what stays right: equations as truths, fractions and negatives as numbers, relations
+    ("\\boxed{y = 2x + 3}", "y=2x+3", 1.0),
+    ("x = 5", "5", 1.0),
+    ("The answer is 3/4", "0.75", 1.0),
+    ("The answer is -4.", "-4", 1.0),
+    ("\\boxed{x \\leq 3}", "x \\leq 3", 1.0),
+])
+def test_an_answer_is_judged_by_what_it_states_not_by_the_problem_it_restates(response, truth, expected):
+    assert compute_score("reasoning_gym:chain_sum", response, truth) == expected
+
+
 def test_float_rounding_decision_is_math_verify_default():
     # Documented decision: agreement to 6 decimal places counts (comparable with published graders).
     assert score("\\boxed{0.4999999}", "\\frac{1}{2}") == 1.0
