@@ -18,7 +18,7 @@ processes: a restarted actor's new process continues its kind's line); OUT/verdi
 over the second half of the steps (least squares against the step; a value per step is the lowest of that
 step's samples: what stays, not what a phase holds for a moment) and the bound it is held to:
 
-    resident memory        < 1 MiB per 100 steps, each kind
+    resident memory        < 1 MiB per 100 steps, each kind (a fall is no leak: the bounds are one-sided)
     descriptors, threads, children, process count     < 1 per 100 steps, each kind
     checkpoints/           < 1 MiB per 100 steps (keep_last holds it)
     object store           at every step's end within 1 MiB of the first step's; spilled bytes do not grow
@@ -200,10 +200,11 @@ class Finding:
     first: float  # the series at the second half's first step and at the last
     last: float
     measure: str = SLOPE
+    both_ways: bool = False  # a fall fails too (a process lost); for a slope, only growth does
 
     @property
     def ok(self) -> bool:
-        return abs(self.value) < self.bound
+        return (abs(self.value) if self.both_ways else self.value) < self.bound
 
 
 def per_step_series(rows: Iterable[dict]) -> Dict[Tuple[str, str], Dict[int, float]]:
@@ -282,7 +283,7 @@ def recovery(rows: Sequence[dict], fault_step: int) -> List[Finding]:
         if quantity == "processes":
             was = sorted(before)[len(before) // 2]
             out.append(Finding(kind, "processes", now - was, 0.5, "", was, now,
-                               measure="median count after the faults minus before"))
+                               measure="median count after the faults minus before", both_ways=True))
         else:
             lo, hi = min(before) * (1 - BAND_MARGIN), max(before) * (1 + BAND_MARGIN)
             outside, was = max(lo - now, now - hi, 0.0) / MIB, sorted(before)[len(before) // 2]
@@ -319,8 +320,9 @@ def judge(out: Path) -> int:
              "| kind | quantity | measure | value | bound | at the half | at the end | verdict |",
              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for x in found:
+        verdict = "flat" if x.ok else "**GROWS**" if x.measure == SLOPE else "**NOT BACK**"
         lines.append(f"| {x.kind} | {x.quantity} | {x.measure} | {x.value:+.3f} {x.unit} | {x.bound:g} {x.unit} | "
-                     f"{x.first:.3f} | {x.last:.3f} | {'flat' if x.ok else '**GROWS**'} |")
+                     f"{x.first:.3f} | {x.last:.3f} | {verdict} |")
     growing = [x for x in found if not x.ok]
     lines += ["", f"**{len(growing)} growing**: " + ", ".join(f"{x.kind} {x.quantity}" for x in growing)
               if growing else "**Nothing grows.**"]

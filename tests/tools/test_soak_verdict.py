@@ -38,6 +38,7 @@ def test_flat_series_pass_and_a_leak_is_named_with_its_slope():
     (leak,) = [x for x in found if not x.ok]
     assert (leak.kind, leak.quantity) == ("examples/hacpo_pretrain_style.py", "rss_bytes")
     assert leak.value == pytest.approx(5.0)
+    assert all(verdicts(soak.findings(rows(rank_leak_mib=-0.5), {})).values())  # memory given back is no leak
     assert soak.findings(rows(rank_leak_mib=0.005), {})[0].ok  # 0.5 MiB per 100 steps: under the bound
 
 
