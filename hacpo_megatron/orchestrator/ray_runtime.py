@@ -213,12 +213,18 @@ def _shutdown_without_graceful_waits() -> None:
         psutil.wait_procs(started_by_raylet, timeout=10)
 
 
+TASK_EVENTS_KEPT = "1000"
+
+
 def _local_env() -> Dict[str, Optional[str]]:
     """Ray's variables for the run's local Ray (the token is added by the caller)."""
     # NOSET: Ray hides every GPU (CUDA_VISIBLE_DEVICES="") from an actor that reserves none; the engines
     # reserve none (the torchrun ranks hold the GPUs, outside Ray's accounting) and use their rank's GPU.
+    # TASK_EVENTS: the GCS keeps an event record of every task and actor call (~3.6 KiB each) up to 100,000 by
+    # default, for the state API and the dashboard (off here): a soak's GCS grew 4 MiB per 100 steps. 1,000 keeps
+    # the recent calls for `ray list tasks` and bounds the rest (docs/reliability.md).
     return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": None, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
-            "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1"}
+            "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1", "RAY_task_events_max_num_task_in_gcs": TASK_EVENTS_KEPT}
 
 
 def _read_token(token_file: str, rank: int) -> str:
