@@ -77,18 +77,23 @@ def engines(steps, count, rss_mib):
             for step in steps for i in range(count(step))]
 
 
-def test_after_the_faults_the_same_processes_in_the_same_memory_band():
-    """First fault after step 10 of 40: steps 1-10 are the band (800-840 MiB a process, 2 processes), steps 31-40
-    (the last quarter) are judged against it."""
-    band = lambda step: 800 + 4 * (step % 11)  # 800..840 before
-    recovered = engines(range(1, 41), lambda step: 2, lambda step: band(step) if step <= 10 else 850)
-    assert all(x.ok for x in soak.recovery(recovered, 10))
-    leaked = engines(range(1, 41), lambda step: 3 if step > 20 else 2, lambda step: 820)
-    (count, memory) = soak.recovery(leaked, 10)
+def test_after_the_faults_the_same_processes_and_no_more_memory():
+    """First fault after step 40 of 80: steps 31-40 (the last quarter before it) are the reference (800-836 MiB a
+    process, 2 processes; earlier steps, with 1 process, are start-up), steps 61-80 (the last quarter) are judged."""
+    held = lambda step: 800 + 4 * (step % 10)  # 800..836
+    recovered = engines(range(1, 81), lambda step: 1 if step < 20 else 2,
+                        lambda step: held(step) if step <= 40 else 850)
+    assert all(x.ok for x in soak.recovery(recovered, 40))  # 850 <= 836 x 1.1
+    smaller = engines(range(1, 81), lambda step: 2, lambda step: held(step) if step <= 40 else 400)
+    assert all(x.ok for x in soak.recovery(smaller, 40))  # a restarted process holding less is no fault
+    leaked = engines(range(1, 81), lambda step: 3 if step > 50 else 2, lambda step: 820)
+    (count, memory) = soak.recovery(leaked, 40)
     assert (count.quantity, count.ok, count.first, count.last) == ("processes", False, 2, 3)
     assert not memory.ok and memory.value == pytest.approx(3 * 820 - 2 * 820 * 1.1)  # the kind's sum: 3 processes
-    grown = engines(range(1, 41), lambda step: 2, lambda step: 820 if step <= 10 else 1000)
-    memory = [x for x in soak.recovery(grown, 10) if x.quantity == "rss_bytes"][0]
+    lost = engines(range(1, 81), lambda step: 1 if step > 50 else 2, lambda step: 820)
+    assert not soak.recovery(lost, 40)[0].ok  # a process lost fails too
+    grown = engines(range(1, 81), lambda step: 2, lambda step: 820 if step <= 40 else 1000)
+    memory = [x for x in soak.recovery(grown, 40) if x.quantity == "rss_bytes"][0]
     assert not memory.ok and memory.value == pytest.approx(2 * 1000 - 2 * 820 * 1.1)
 
 
