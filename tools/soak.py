@@ -54,7 +54,6 @@ from sample_memory import KINDS, describe  # noqa: E402
 SAMPLES_FILE = "samples.csv"
 VERDICT_FILE = "verdict.md"
 FAULTS_FILE = "faults.json"  # the step of the first fault, for --verdict-only
-PREEMPTED_EXIT_CODE = 143  # the launcher's exit after a SIGTERM it honoured (orchestrator/preemption.py)
 BAND_MARGIN = 0.10  # memory after the faults may exceed the range it held before them by this much
 FIELDS = ("time", "step", "pid", "kind", "rank", "rss_bytes", "fds", "threads", "children")
 QUANTITIES = ("rss_bytes", "fds", "threads", "children", "processes")
@@ -163,16 +162,18 @@ def soak(args: argparse.Namespace, launcher_args: Sequence[str]) -> int:
         writer.writeheader()
         while True:
             if launcher.poll() is not None:
-                if not (terminated and launcher.returncode == PREEMPTED_EXIT_CODE and not stop):
+                if not terminated or stop:
                     break
-                print(f"soak: the run stopped on SIGTERM after step {steps.read()}: --resume", flush=True)
+                # torchrun (the launcher execs it) exits 1 on a SIGTERM it passed on to the ranks, which checkpoint
+                print(f"soak: the run stopped on SIGTERM after step {steps.read()} (exit {launcher.returncode}): "
+                      "--resume", flush=True)
                 launcher, terminated = start(["--resume"]), False  # sampled on from the checkpoint's step
                 root, steps = psutil.Process(launcher.pid), StepCounter(run_dir / "metrics.jsonl")
                 args.sigterm_at_step = None
             now, step = round(time.time(), 1), steps.read()
             if args.sigterm_at_step and step >= args.sigterm_at_step and not terminated:
-                os.kill(launcher.pid, signal.SIGTERM)  # as a scheduler would: the launcher passes it on to the run,
-                # which finishes its step, checkpoints and exits with 143 (torchrun itself signalled would exit 1)
+                os.kill(launcher.pid, signal.SIGTERM)  # as a scheduler would: torchrun passes it on to the ranks,
+                # which finish their step and checkpoint (signalling the whole group as well made that fail)
                 terminated = True
             kinds: Dict[int, str] = {}
             rows = [row for p in run_tree(root) if (row := process_row(p, now, step, kinds)) is not None]
