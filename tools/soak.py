@@ -39,6 +39,7 @@ import csv
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -54,7 +55,7 @@ from sample_memory import KINDS, describe  # noqa: E402
 SAMPLES_FILE = "samples.csv"
 VERDICT_FILE = "verdict.md"
 FAULTS_FILE = "faults.json"  # the step of the first fault, for --verdict-only
-BAND_MARGIN = 0.10  # memory after the faults may exceed the range it held before them by this much
+BAND_MARGIN = 0.10  # memory after the faults may exceed the most it held before them by this much
 FIELDS = ("time", "step", "pid", "kind", "rank", "rss_bytes", "fds", "threads", "children")
 QUANTITIES = ("rss_bytes", "fds", "threads", "children", "processes")
 MIB = 1 << 20
@@ -283,15 +284,13 @@ def recovery(rows: Sequence[dict], fault_step: int) -> List[Finding]:
         after = [v for s, v in by_step.items() if s > last - max((last - fault_step) // 4, 1)]
         if not before or not after:
             continue
-        now = sorted(after)[len(after) // 2]
+        now, was = statistics.median_low(after), statistics.median_low(before)
         if quantity == "processes":
-            was = sorted(before)[len(before) // 2]
             out.append(Finding(kind, "processes", now - was, 0.5, "", was, now,
                                measure="median count after the faults minus before", both_ways=True))
         else:
             hi = max(before) * (1 + BAND_MARGIN)  # below it is fine: a restarted process may hold less
-            outside, was = max(now - hi, 0.0) / MIB, sorted(before)[len(before) // 2]
-            out.append(Finding(kind, "rss_bytes", outside, 1.0, "MiB", was / MIB, now / MIB,
+            out.append(Finding(kind, "rss_bytes", max(now - hi, 0.0) / MIB, 1.0, "MiB", was / MIB, now / MIB,
                                measure=f"median after the faults, above the most before (+{BAND_MARGIN:.0%})"))
     return out
 
