@@ -171,7 +171,9 @@ class TrainConfig:
 
 @dataclass
 class CheckpointConfig:
-    save_every: int = 10  # steps; 0: only at the end (and on SIGTERM/SIGINT, whatever this says)
+    # steps; 0: only at the end; -1: never (quick experiments, sweeps); a SIGTERM/SIGINT saves the finished
+    # step whatever this says
+    save_every: int = 10
     keep_last: int = 2
 
 

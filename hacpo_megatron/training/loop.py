@@ -414,7 +414,10 @@ def _load_data(cfg: Config, agents: Agents, options: RunOptions):
 
 
 def _checkpoint_due(cfg: Config, done: int) -> bool:
-    return bool(cfg.checkpoint.save_every and done % cfg.checkpoint.save_every == 0) or done == cfg.run.total_steps
+    every = cfg.checkpoint.save_every
+    if every < 0:
+        return False  # never (a preemption signal still saves)
+    return bool(every and done % every == 0) or done == cfg.run.total_steps
 
 
 _LEAKED: List[Any] = []  # RunOptions.leak_mib_per_step: a leak the soak tool's test must find

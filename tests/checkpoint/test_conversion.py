@@ -26,8 +26,8 @@ to_megatron = load_tool("convert_hf_to_megatron")
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    inputs, out = tmp_path_factory.mktemp("hf"), tmp_path_factory.mktemp("out")
+def run(module_tmp):
+    inputs, out = module_tmp("hf"), module_tmp("out")
     for arch in ARCHS:
         make_hf_folder(inputs / arch, arch)
     run_torchrun(WORKER, 2, str(inputs), str(out), *ARCHS, timeout=300)
@@ -148,8 +148,8 @@ def test_compare_cli_exits_nonzero_above_the_tolerance(run):
 # Bad input: clear errors before any work
 # ------------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def hf_folder(tmp_path_factory):
-    return make_hf_folder(tmp_path_factory.mktemp("bad") / "qwen2", "qwen2")
+def hf_folder(module_tmp):
+    return make_hf_folder(module_tmp("bad") / "qwen2", "qwen2")
 
 
 def copy_folder(source: Path, target: Path) -> Path:

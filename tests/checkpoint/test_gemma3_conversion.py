@@ -121,8 +121,8 @@ def hf_folder():
 
 
 @pytest.fixture(scope="module")
-def megatron(hf_folder, tmp_path_factory):
-    folder = tmp_path_factory.mktemp("gemma3_megatron") / "pp2"
+def megatron(hf_folder, module_tmp):
+    folder = module_tmp("gemma3_megatron") / "pp2"
     stdout = run_tool("convert_hf_to_megatron", "--hf-path", hf_folder, "--save", folder, "--pp", 2)
     assert stdout.strip() == f"saved Megatron checkpoint (TP=1, PP=2) to {folder}"
     return folder

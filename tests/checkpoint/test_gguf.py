@@ -124,8 +124,8 @@ def test_known_name_finds_the_file_in_the_installed_package():
 # ---- one real conversion, shared ----
 
 @pytest.fixture(scope="module")
-def converted(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("gguf") / NAME
+def converted(module_tmp):
+    folder = module_tmp("gguf") / NAME
     start = time.monotonic()
     result = run_tool("--gguf", NAME, "--save", folder)
     assert result.returncode == 0, result.stderr[-3000:]

@@ -87,9 +87,9 @@ def single_error_line(stderr: str, tool_name: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def converted(tmp_path_factory):
+def converted(module_tmp):
     """HF -> Megatron at TP=2 and at PP=2, each from one plain `python` command."""
-    root = tmp_path_factory.mktemp("single_process")
+    root = module_tmp("single_process")
     hf = make_hf_folder(root / "hf", ARCH)
     runs = {}
     for layout, flags in {"tp2": ("--tp", 2), "pp2": ("--pp", 2)}.items():

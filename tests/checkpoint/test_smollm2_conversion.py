@@ -42,18 +42,18 @@ def hf_folder():
 
 
 @pytest.fixture(scope="module")
-def megatron(hf_folder, tmp_path_factory):
+def megatron(hf_folder, module_tmp):
     """HF -> Megatron at TP=3 and at PP=2, each one plain `python` command: {layout: (folder, stdout)}."""
-    root = tmp_path_factory.mktemp("smollm2_megatron")
+    root = module_tmp("smollm2_megatron")
     return {layout: (root / layout, timed_tool("convert_hf_to_megatron", "--hf-path", hf_folder,
                                                "--save", root / layout, *flags)[1])
             for layout, flags in LAYOUTS.items()}
 
 
 @pytest.fixture(scope="module")
-def exported(megatron, tmp_path_factory):
+def exported(megatron, module_tmp):
     """Megatron -> HF for each of the two checkpoints, as plain as a user writes it: {layout: folder}."""
-    root = tmp_path_factory.mktemp("smollm2_hf")
+    root = module_tmp("smollm2_hf")
     folders = {}
     for layout, (checkpoint, _) in megatron.items():
         _, stdout, _ = timed_tool("convert_megatron_to_hf", "--load", checkpoint, "--save", root / layout)

@@ -156,6 +156,8 @@ def test_updates_per_step_follow_the_algorithm(tmp_path, overrides, message):
         ("logging.trackers=[tensorboard, neptune]", "logging.trackers.1: 'neptune' is not one of 'tensorboard'"),
         ("logging.trackers=[wandb, mlflow, wandb]", "logging.trackers: wandb listed more than once"),
         ("logging.project=' '", "logging.project: must not be empty"),
+        ("checkpoint.save_every=-1", None),
+        ("checkpoint.save_every=-2", "checkpoint.save_every: must be >= 0, or -1 for never"),
         ("rollout.max_staleness=1", None),
         ("rollout.max_staleness=-1", "rollout.max_staleness: must be >= 0"),
         ("run.mode=rollout_only;rollout.max_staleness=1", "run.mode 'rollout_only' has only one of them"),
@@ -294,3 +296,11 @@ def test_a_prompt_format_is_checked_where_it_is_written(tmp_path):
     with pytest.raises(ConfigError) as err:
         load_config(path)
     assert f"{path}:8: agents.1.prompt_format: nope.txt: No such file or directory" in str(err.value)
+
+
+@pytest.mark.parametrize("save_every,due", [(2, [2, 4, 5]), (0, [5]), (-1, [])])
+def test_checkpoints_are_due_every_n_steps_and_at_the_end_unless_never(tmp_path, save_every, due):
+    from hacpo_megatron.training.loop import _checkpoint_due
+
+    cfg = load_config(write(tmp_path, GOOD), ["run.total_steps=5", f"checkpoint.save_every={save_every}"])
+    assert [done for done in range(1, 6) if _checkpoint_due(cfg, done)] == due

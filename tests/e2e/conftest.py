@@ -15,6 +15,6 @@ def reference_run(tmp_path_factory, cache):
     answers and rewards saved in ../rollouts (--save-rollouts, for the train_only replay)."""
     out = tmp_path_factory.mktemp("reference") / "run"
     run(small_config(out.parent, cache, checkpoint={"save_every": 1},
-                     logging={"trackers": ["tensorboard", "mlflow", "wandb"]}), out,
+                     logging={"trackers": ["tensorboard", "mlflow", "wandb"], "plots": True}), out,
         "--save-rollouts", str(out.parent / "rollouts"))
     return out

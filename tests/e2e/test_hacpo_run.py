@@ -30,7 +30,9 @@ def small_config(tmp: Path, cache: Path, **changes) -> dict:
     config["data"].update(prompt_batch_size=4, eval_every=3, eval_max_prompts=8)
     config["train"].update(mini_batch_size=2, micro_batch_size=8, sft_warmup_steps=20,
                            sft_warmup_cache=str(cache))
-    config["logging"] = {"progress_bar": False, "trackers": ["tensorboard"], "plots": True}
+    # no plots and no checkpoint unless a test reads them: 1.4 s and ~4.5 s (megatron's first save) a run
+    config["logging"] = {"progress_bar": False, "trackers": ["tensorboard"], "plots": False}
+    config["checkpoint"] = {"save_every": -1, "keep_last": 2}
     for section, values in changes.items():
         if section == "agents":
             config["agents"] = values
@@ -203,27 +205,23 @@ def test_baselines_run_to_completion(tmp_path, cache, algorithm, updates):
         assert all(r["num_own"] == 4 and r["num_cross"] == 0 for r in train)
 
 
-def test_kl_with_data_parallel_and_micro_batches_that_mix_own_and_other_rows(tmp_path, cache):
+def test_a_third_agent_is_a_config_change_with_kl_data_parallel_and_mixed_micro_batches(tmp_path, cache):
+    """Two checks in one run (each run costs ~30 s of start-up): a third agent needs nothing but its lines in the
+    config; and the KL term under data parallelism, in micro-batches that mix own and other agents' rows."""
     agents = yaml.safe_load((REPO / "configs" / "default.yaml").read_text())["agents"]
     agents[0]["parallel"] = {"data": 2, "first_rank": 0}  # qwen3-tiny on ranks 0-1, llama-tiny time-shares rank 1
     agents[1]["parallel"] = {"first_rank": 1}
-    out = tmp_path / "run"
-    # 4 rows per update in grid order (own, other, own, other); each replica's 2 rows are one mixed micro-batch
-    config = small_config(tmp_path, cache, agents=agents, algorithm={"kl_coef": 0.001}, run={"total_steps": 2})
-    run(config, out)
-    train = [r for r in metrics(out) if r["kind"] == "train"]
-    assert len(train) == 4 and all(r["num_updates"] == 4 for r in train)
-    assert all(r["kl"] >= 0 and r["kl"] == r["kl"] for r in train)  # a number (not NaN) on every step
-    assert any(r["kl"] > 0 for r in train if r["step"] == 2)  # the policy left the reference after step 1
-
-
-def test_three_agents_are_a_config_change(tmp_path, cache):
-    default = yaml.safe_load((REPO / "configs" / "default.yaml").read_text())["agents"]
     third = {"name": "qwen2-tiny", "model": "tiny-qwen2", "tokenizer": "qwen3",
              "parallel": {"tensor": 1, "pipeline": 1, "data": 1, "first_rank": 0}}
     out = tmp_path / "run"
-    run(small_config(tmp_path, cache, agents=default + [third], run={"total_steps": 1}, data={"eval_every": 0}), out)
+    # 4 rows per update in grid order (own, other, other, own, ...): each of qwen3-tiny's replicas takes 2 rows,
+    # one micro-batch that mixes its own answers and another agent's
+    config = small_config(tmp_path, cache, agents=agents + [third], algorithm={"kl_coef": 0.001},
+                          run={"total_steps": 2}, data={"eval_every": 0})
+    run(config, out)
     train = [r for r in metrics(out) if r["kind"] == "train"]
-    assert {r["agent"] for r in train} == {"qwen3-tiny", "llama-tiny", "qwen2-tiny"}
+    assert len(train) == 6 and {r["agent"] for r in train} == {"qwen3-tiny", "llama-tiny", "qwen2-tiny"}
     assert all(r["num_cross"] == pytest.approx(2 * r["num_own"]) for r in train)  # two other agents
     assert all(r["num_updates"] == 6 for r in train)  # 3 agents x B = 4 / mini-batch 2
+    assert all(r["kl"] >= 0 and r["kl"] == r["kl"] for r in train)  # a number (not NaN) on every step
+    assert any(r["kl"] > 0 for r in train if r["step"] == 2)  # the policies left their references after step 1

@@ -45,7 +45,7 @@ def load_harness():
 
 def job_args(out: Path, cache: Path, *extra: str) -> list:
     return [str(ENTRY), "--config", str(CONFIG), "--output-dir", str(out), "--set", f"run.total_steps={STEPS}",
-            "--set", f"train.sft_warmup_cache={cache}", *extra]
+            "--set", f"train.sft_warmup_cache={cache}", "--set", "logging.plots=false", *extra]
 
 
 def start_on_hosts(cluster, out: Path, cache: Path, *extra: str, label: str = "") -> list:
@@ -99,10 +99,10 @@ def run_interrupted(cluster, out: Path, cache: Path) -> SimpleNamespace:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory, cache):
+def runs(module_tmp, cache):
     harness = load_harness()
     harness.clean_stale()  # clusters of test processes that died before their teardown
-    tmp = tmp_path_factory.mktemp("multi_node")
+    tmp = module_tmp("multi_node")
     r = SimpleNamespace(two_hosts=tmp / "two_hosts", one_host=tmp / "one_host")
     cluster = harness.LocalCluster.up(f"t{os.getpid()}")
     seen_pids = set()
@@ -121,7 +121,8 @@ def runs(tmp_path_factory, cache):
     r.leftovers = cluster.leftovers() + [f"process {pid}" for pid in seen_pids if psutil.pid_exists(pid)]
     r.seen_pids = seen_pids
     r.cluster_seconds = time.monotonic() - t0
-    one_host = [sys.executable, "-m", "hacpo_megatron.launch", *job_args(r.one_host, cache)[1:]]
+    one_host = [sys.executable, "-m", "hacpo_megatron.launch",  # the reference: no checkpoint needed
+                *job_args(r.one_host, cache, "--set", "checkpoint.save_every=-1")[1:]]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
     result = subprocess.run(one_host, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]

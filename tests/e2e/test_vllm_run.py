@@ -25,10 +25,10 @@ def vllm_config(tmp, cache):
 
 
 @pytest.fixture(scope="module")
-def vllm_run(tmp_path_factory, cache):
+def vllm_run(module_tmp, cache):
     """Two steps, every sync checked, and the TP = 2 agent's engine killed before the second step begins, between
     calls, as Ray's memory monitor ends engines (Ray restarts it unseen; the loop must notice it holds no weights)."""
-    out = tmp_path_factory.mktemp("vllm") / "run"
+    out = module_tmp("vllm") / "run"
     output = run(vllm_config(out.parent, cache), out, "--check-weights", "--kill-engine-before-step", "1", timeout=900)
     return out, output
 

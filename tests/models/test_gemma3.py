@@ -32,10 +32,10 @@ def max_diff(a, b):
 # One torchrun world: logits, log-probs, gradients, export, conversion (tiny random Gemma 3)
 # ------------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def gemma(tmp_path_factory):
+def gemma(module_tmp):
     from tests.models.workers.gemma3_worker import CONFIG
 
-    hf_dir, out = tmp_path_factory.mktemp("gemma3_hf"), tmp_path_factory.mktemp("gemma3_out")
+    hf_dir, out = module_tmp("gemma3_hf"), module_tmp("gemma3_out")
     make_hf_folder(hf_dir, CONFIG)
     run_torchrun(WORKER, 2, str(hf_dir), str(out), timeout=300)
     return {"ranks": [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(2)], "hf_dir": hf_dir,

@@ -18,8 +18,8 @@ LAYOUTS = ["tp1", "tp2", "pp2"]
 
 
 @pytest.fixture(scope="module")
-def results(tmp_path_factory):
-    out = tmp_path_factory.mktemp("layouts")
+def results(module_tmp):
+    out = module_tmp("layouts")
     run_torchrun(WORKER, 2, str(out), timeout=240)
     return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(2)]
 

@@ -11,8 +11,8 @@ WORKER = Path(__file__).parents[1] / "models" / "workers" / "agents_worker.py"
 
 
 @pytest.fixture(scope="module")
-def reports(tmp_path_factory):
-    out = tmp_path_factory.mktemp("agents")
+def reports(module_tmp):
+    out = module_tmp("agents")
     run_torchrun(WORKER, 3, str(out), timeout=240)
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(3)]
 

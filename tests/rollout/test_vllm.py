@@ -30,13 +30,13 @@ def run_checks(work, *mode):
 
 
 @pytest.fixture(scope="module")
-def facts(tmp_path_factory):
-    return run_checks(tmp_path_factory.mktemp("vllm"))
+def facts(module_tmp):
+    return run_checks(module_tmp("vllm"))
 
 
 @pytest.fixture(scope="module")
-def gemma3_facts(tmp_path_factory):
-    return run_checks(tmp_path_factory.mktemp("vllm_gemma3"), "gemma3")
+def gemma3_facts(module_tmp):
+    return run_checks(module_tmp("vllm_gemma3"), "gemma3")
 
 
 @pytest.mark.vllm

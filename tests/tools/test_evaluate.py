@@ -38,8 +38,8 @@ def _save_folder(model, folder: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def random_model_dir(tmp_path_factory):
-    return _save_folder(hf_model_from_config(TINY_QWEN3, seed=0), tmp_path_factory.mktemp("random_model"))
+def random_model_dir(module_tmp):
+    return _save_folder(hf_model_from_config(TINY_QWEN3, seed=0), module_tmp("random_model"))
 
 
 @torch.no_grad()
@@ -69,8 +69,8 @@ def always_answers_seven(tokenizer):
 
 
 @pytest.fixture(scope="module")
-def seven_model_dir(tmp_path_factory):
-    return _save_folder(always_answers_seven(load_tokenizer("qwen3")), tmp_path_factory.mktemp("seven_model"))
+def seven_model_dir(module_tmp):
+    return _save_folder(always_answers_seven(load_tokenizer("qwen3")), module_tmp("seven_model"))
 
 
 def _run(tool, args, output):

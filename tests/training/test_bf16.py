@@ -13,8 +13,8 @@ WORKER = REPO / "tests" / "training" / "workers" / "bf16_worker.py"
 
 
 @pytest.fixture(scope="module")
-def report(tmp_path_factory):
-    out = tmp_path_factory.mktemp("bf16") / "report.json"
+def report(module_tmp):
+    out = module_tmp("bf16") / "report.json"
     run_torchrun(WORKER, 1, str(out), timeout=300)
     return json.loads(out.read_text())
 

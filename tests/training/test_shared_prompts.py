@@ -10,8 +10,8 @@ WORKER = REPO / "tests" / "training" / "workers" / "shared_prompts_worker.py"
 
 
 @pytest.fixture(scope="module")
-def report(tmp_path_factory):
-    out = tmp_path_factory.mktemp("shared") / "report.pt"
+def report(module_tmp):
+    out = module_tmp("shared") / "report.pt"
     run_torchrun(WORKER, 1, str(out), timeout=300)
     return torch.load(out, weights_only=False)
 

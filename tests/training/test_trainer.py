@@ -14,8 +14,8 @@ WORKER = REPO / "tests" / "training" / "workers" / "train_worker.py"
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    work = tmp_path_factory.mktemp("train")
+def run(module_tmp):
+    work = module_tmp("train")
     agents = []
     # three agents, three architectures, three layouts, all time-sharing ranks 0-1
     for name, arch, parallel in [("qwen", "qwen3", {"tensor": 2}), ("llama", "llama", {"data": 2}),

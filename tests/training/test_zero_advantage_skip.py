@@ -22,8 +22,8 @@ def test_rows_with_gradient_keeps_nonzero_advantages_and_own_rows_under_kl():
 
 
 @pytest.fixture(scope="module")
-def report(tmp_path_factory):
-    out = tmp_path_factory.mktemp("skip") / "report.pt"
+def report(module_tmp):
+    out = module_tmp("skip") / "report.pt"
     run_torchrun(WORKER, 1, str(out), timeout=300)
     return torch.load(out)
 

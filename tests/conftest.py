@@ -1,0 +1,23 @@
+"""Fixtures every test folder shares."""
+import shutil
+
+import pytest
+
+
+@pytest.fixture(scope="module")
+def module_tmp(request, tmp_path_factory):
+    """`mktemp` for a test module's shared files (models, checkpoints, runs), deleted once the module's tests
+    are done, unless one of them failed (kept to be looked at, like pytest's own tmp_path under the
+    "failed" retention policy in pyproject.toml). Kept to the session's end, the suite's folders reach
+    ~13 GB in one run: a CI machine's disk filled up at that once."""
+    made = []
+    failed_before = request.session.testsfailed
+
+    def mktemp(name):
+        made.append(tmp_path_factory.mktemp(name))
+        return made[-1]
+
+    yield mktemp
+    if request.session.testsfailed == failed_before:
+        for path in made:
+            shutil.rmtree(path, ignore_errors=True)
