@@ -15,8 +15,10 @@ apart from the rest (the logs, which grow by design). The Ray object store comes
 
 OUT/samples.csv holds every sample; OUT/<quantity>.png one plot per quantity (per kind, summed over its
 processes: a restarted actor's new process continues its kind's line); OUT/verdict.md the slope of each series
-over the second half of the steps (least squares against the step; a value per step is the lowest of that
-step's samples: what stays, not what a phase holds for a moment) and the bound it is held to:
+over the second half of the steps (least squares against the step) and the bound it is held to. The series is of
+floors: the lowest sample in each window of whole steps that holds MIN_SAMPLES samples on average (what stays,
+not what a phase holds for a moment; a single step's lowest, when a step is shorter than --every, is one sample
+at any phase of it):
 
     resident memory        < 1 MiB per 100 steps, each kind (a fall is no leak: the bounds are one-sided)
     descriptors, threads, children, process count     < 1 per 100 steps, each kind
@@ -37,6 +39,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import math
 import os
 import signal
 import statistics
@@ -59,6 +62,7 @@ BAND_MARGIN = 0.10  # memory after the faults may exceed the most it held before
 FIELDS = ("time", "step", "pid", "kind", "rank", "rss_bytes", "fds", "threads", "children")
 QUANTITIES = ("rss_bytes", "fds", "threads", "children", "processes")
 MIB = 1 << 20
+MIN_SAMPLES = 5  # a floor is the lowest of this many samples, on average
 # kinds of the whole-run rows (pid 0)
 MACHINE, RUN_LOGS, CHECKPOINTS = "machine", "run_folder_logs", "run_folder_checkpoints"
 
@@ -210,8 +214,8 @@ class Finding:
         return (abs(self.value) if self.both_ways else self.value) < self.bound
 
 
-def per_step_series(rows: Iterable[dict]) -> Dict[Tuple[str, str], Dict[int, float]]:
-    """{(kind, quantity): {step: the lowest over that step's samples of the kind's sum over its processes}}."""
+def floor_series(rows: Iterable[dict]) -> Dict[Tuple[str, str], Dict[int, float]]:
+    """{(kind, quantity): {first step of a window: the floor there of the kind's sum over its processes}}."""
     by_sample: Dict[Tuple[str, str, float], float] = {}
     steps: Dict[float, int] = {}
     for row in rows:
@@ -230,7 +234,22 @@ def per_step_series(rows: Iterable[dict]) -> Dict[Tuple[str, str], Dict[int, flo
     for (kind, quantity, t), value in by_sample.items():
         if steps[t] < last:
             samples.setdefault((kind, quantity), {}).setdefault(steps[t], []).append(value)
-    return {key: {step: min(values) for step, values in by_step.items()} for key, by_step in samples.items()}
+    return {key: floors(by_step) for key, by_step in samples.items()}
+
+
+def floors(by_step: Dict[int, List[float]]) -> Dict[int, float]:
+    """The lowest sample in windows of whole steps, as wide as MIN_SAMPLES samples need on average, by each
+    window's first step. A 1,000-step soak sampled every 5 s with 3.4 s steps has 0.7 samples a step: a step's
+    own lowest is then one sample at a random phase of the step (ranks move 100-200 MiB within one), and its
+    slope over 500 steps is noise of a few MiB per 100 steps, above the 1 MiB bound."""
+    steps = sorted(by_step)
+    per_step = sum(len(values) for values in by_step.values()) / len(steps)
+    width = max(1, math.ceil(MIN_SAMPLES / per_step))
+    out: Dict[int, float] = {}
+    for step in steps:
+        start = steps[0] + (step - steps[0]) // width * width
+        out[start] = min(out.get(start, math.inf), min(by_step[step]))
+    return out
 
 
 def second_half_slope(series: Dict[int, float]) -> Tuple[float, float, float]:
@@ -248,7 +267,7 @@ def second_half_slope(series: Dict[int, float]) -> Tuple[float, float, float]:
 
 def findings(rows: Sequence[dict], store: Dict[int, Dict[str, float]]) -> List[Finding]:
     out = []
-    for (kind, quantity), series in sorted(per_step_series(rows).items()):
+    for (kind, quantity), series in sorted(floor_series(rows).items()):
         if kind in (MACHINE, RUN_LOGS):
             continue  # shown in the plots; the machine has other tenants, the logs grow by design
         slope, first, last = second_half_slope(series)
@@ -275,7 +294,7 @@ def recovery(rows: Sequence[dict], fault_step: int) -> List[Finding]:
     the median per step, which must not exceed the most the kind held before (plus BAND_MARGIN); `value` is by
     how much, in MiB."""
     out = []
-    series = per_step_series(rows)
+    series = floor_series(rows)
     last = max((step for by_step in series.values() for step in by_step), default=0)
     for (kind, quantity), by_step in sorted(series.items()):
         if kind in (MACHINE, RUN_LOGS, CHECKPOINTS) or quantity not in ("processes", "rss_bytes"):
@@ -338,7 +357,7 @@ def judge(out: Path) -> int:
 def plot(out: Path, rows: Sequence[dict], store: Dict[int, Dict[str, float]]) -> None:
     from matplotlib.figure import Figure
 
-    series = per_step_series(rows)
+    series = floor_series(rows)
     for quantity in QUANTITIES:
         figure = Figure(figsize=(9, 5), layout="constrained")
         axes = figure.subplots()
@@ -349,7 +368,7 @@ def plot(out: Path, rows: Sequence[dict], store: Dict[int, Dict[str, float]]) ->
                 axes.plot(steps, [by_step[s] / scale for s in steps], label=kind, linewidth=1.2)
         axes.set_xlabel("step")
         axes.set_ylabel("MiB" if quantity == "rss_bytes" else quantity)
-        axes.set_title(f"{quantity} per process kind (sum over its processes)")
+        axes.set_title(f"{quantity} per process kind (sum over its processes; floor: lowest of ~{MIN_SAMPLES} samples)")
         axes.legend(fontsize="x-small", ncols=2)
         figure.savefig(out / f"{quantity}.png", dpi=100)
     figure = Figure(figsize=(9, 5), layout="constrained")

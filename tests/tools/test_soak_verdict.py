@@ -42,6 +42,20 @@ def test_flat_series_pass_and_a_leak_is_named_with_its_slope():
     assert soak.findings(rows(rank_leak_mib=0.005), {})[0].ok  # 0.5 MiB per 100 steps: under the bound
 
 
+def test_the_floor_is_taken_over_several_samples_when_steps_are_shorter_than_the_sampling():
+    """One sample a step (steps shorter than --every): most land in a phase that holds more memory, and here that
+    phase's memory rises, while every third sample finds the floor, which stays. The floor is what is judged."""
+    sparse = [r for r in rows(steps=range(1, 61)) if int(r["time"]) % 10 == 0]  # one sample a step
+    for r in sparse:
+        step = int(r["step"])
+        if r["kind"] == "examples/hacpo_pretrain_style.py" and step % 3:
+            r["rss_bytes"] = str(float(r["rss_bytes"]) + step * 0.5 * MIB)
+    found = {(x.kind, x.quantity): x for x in soak.findings(sparse, {})}
+    assert found[("examples/hacpo_pretrain_style.py", "rss_bytes")].ok
+    assert found[("examples/hacpo_pretrain_style.py", "rss_bytes")].value == pytest.approx(0.0, abs=1e-9)
+    assert sorted(soak.floor_series(sparse)[("ray::EngineActor", "fds")]) == list(range(1, 60, 5))  # 5 steps each
+
+
 def test_only_the_second_half_is_judged():
     warming = lambda step: 40 if step > 10 else 20 + 2 * step  # descriptors opened while starting, then flat
     assert verdicts(soak.findings(rows(engine_fds=warming), {}))[("ray::EngineActor", "fds")]
