@@ -39,7 +39,7 @@ EMBEDDING = "model.embed_tokens.weight"
 # vLLM's blocks of a few MiB (each step's logits, batch x vocabulary; each reload's weights) come from
 # the heap, and its free holes grow: over a 300-step soak each worker's resident memory rose ~40 MiB
 # per 100 steps. Fixed at glibc's own starting value, such blocks are mmapped and returned as they are
-# freed (60 reloads + generations of tiny-qwen3: free heap 3.7 MiB instead of 64, resident 1,099 MiB
+# freed (60 reloads + generations of tiny-qwen3: free heap 3.5 MiB instead of 64, resident 1,099 MiB
 # instead of 1,146; docs/reliability.md). Set for vLLM's processes only, unless the user set it.
 ALLOCATOR_ENVIRONMENT = {"MALLOC_MMAP_THRESHOLD_": str(128 * 1024)}
 
