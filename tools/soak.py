@@ -16,9 +16,9 @@ apart from the rest (the logs, which grow by design). The Ray object store comes
 OUT/samples.csv holds every sample; OUT/<quantity>.png one plot per quantity (per kind, summed over its
 processes: a restarted actor's new process continues its kind's line); OUT/verdict.md the slope of each series
 over the second half of the steps (least squares against the step) and the bound it is held to. The series is of
-floors: the lowest sample in each window of whole steps that holds MIN_SAMPLES samples on average (what stays,
-not what a phase holds for a moment; a single step's lowest, when a step is shorter than --every, is one sample
-at any phase of it):
+floors: for memory the lowest sample in each window of whole steps that holds MIN_SAMPLES samples on average
+(what stays, not what a phase holds for a moment; a single step's lowest, when a step is shorter than --every, is
+one sample at any phase of it), for counts the lowest of each step's samples:
 
     resident memory        < 1 MiB per 100 steps, each kind (a fall is no leak: the bounds are one-sided)
     descriptors, threads, children, process count     < 1 per 100 steps, each kind
@@ -214,8 +214,8 @@ class Finding:
         return (abs(self.value) if self.both_ways else self.value) < self.bound
 
 
-def floor_series(rows: Iterable[dict]) -> Dict[Tuple[str, str], Dict[int, float]]:
-    """{(kind, quantity): {first step of a window: the floor there of the kind's sum over its processes}}."""
+def step_samples(rows: Iterable[dict]) -> Dict[Tuple[str, str], Dict[int, List[float]]]:
+    """{(kind, quantity): {step: every sample in that step of the kind's sum over its processes}}."""
     by_sample: Dict[Tuple[str, str, float], float] = {}
     steps: Dict[float, int] = {}
     for row in rows:
@@ -234,7 +234,17 @@ def floor_series(rows: Iterable[dict]) -> Dict[Tuple[str, str], Dict[int, float]
     for (kind, quantity, t), value in by_sample.items():
         if steps[t] < last:
             samples.setdefault((kind, quantity), {}).setdefault(steps[t], []).append(value)
-    return {key: floors(by_step) for key, by_step in samples.items()}
+    return samples
+
+
+def floor_series(rows: Iterable[dict]) -> Dict[Tuple[str, str], Dict[int, float]]:
+    """{(kind, quantity): {step: value}}: resident memory by its floors (`floors`), counts by each step's lowest
+    sample (a window's lowest would catch any momentary dip, such as an actor being restarted)."""
+    return {key: lowest(by_step, key[1]) for key, by_step in step_samples(rows).items()}
+
+
+def lowest(by_step: Dict[int, List[float]], quantity: str) -> Dict[int, float]:
+    return floors(by_step) if quantity == "rss_bytes" else {step: min(v) for step, v in by_step.items()}
 
 
 def floors(by_step: Dict[int, List[float]]) -> Dict[int, float]:
@@ -243,6 +253,8 @@ def floors(by_step: Dict[int, List[float]]) -> Dict[int, float]:
     own lowest is then one sample at a random phase of the step (ranks move 100-200 MiB within one), and its
     slope over 500 steps is noise of a few MiB per 100 steps, above the 1 MiB bound."""
     steps = sorted(by_step)
+    if not steps:
+        return {}
     per_step = sum(len(values) for values in by_step.values()) / len(steps)
     width = max(1, math.ceil(MIN_SAMPLES / per_step))
     out: Dict[int, float] = {}
@@ -291,16 +303,18 @@ def recovery(rows: Sequence[dict], fault_step: int) -> List[Finding]:
     """Per process kind: its process count and resident memory over the last quarter of the run against the last
     quarter of the steps before the first fault (after start-up and, if the fault comes after it, the first
     checkpoint, whose writer keeps helper processes). Count: the median per step, which must be equal. Memory:
-    the median per step, which must not exceed the most the kind held before (plus BAND_MARGIN); `value` is by
-    how much, in MiB."""
+    the median of its floors, which must not exceed the most the kind held before (plus BAND_MARGIN); `value` is
+    by how much, in MiB. Each side's floors are its own (no window spans the faults)."""
     out = []
-    series = floor_series(rows)
-    last = max((step for by_step in series.values() for step in by_step), default=0)
-    for (kind, quantity), by_step in sorted(series.items()):
+    samples = step_samples(rows)
+    last = max((step for by_step in samples.values() for step in by_step), default=0)
+    for (kind, quantity), by_step in sorted(samples.items()):
         if kind in (MACHINE, RUN_LOGS, CHECKPOINTS) or quantity not in ("processes", "rss_bytes"):
             continue
-        before = [v for s, v in by_step.items() if fault_step - max(fault_step // 4, 1) < s <= fault_step]
-        after = [v for s, v in by_step.items() if s > last - max((last - fault_step) // 4, 1)]
+        before = list(lowest({s: v for s, v in by_step.items()
+                              if fault_step - max(fault_step // 4, 1) < s <= fault_step}, quantity).values())
+        after = list(lowest({s: v for s, v in by_step.items()
+                             if s > last - max((last - fault_step) // 4, 1)}, quantity).values())
         if not before or not after:
             continue
         now, was = statistics.median_low(after), statistics.median_low(before)
