@@ -35,6 +35,14 @@ from hacpo_megatron.rollout.base import (
 
 EXTENSION = "hacpo_megatron.rollout.vllm_engine.WeightSyncExtension"
 EMBEDDING = "model.embed_tokens.weight"
+# glibc raises its mmap threshold (up to 32 MiB) each time a big mmapped block is freed; from then on
+# vLLM's blocks of a few MiB (each step's logits, batch x vocabulary; each reload's weights) come from
+# the heap, and its free holes grow: over a 300-step soak each worker's resident memory rose ~40 MiB
+# per 100 steps. Fixed at glibc's own starting value, such blocks are mmapped and returned as they are
+# freed (60 reloads + generations of tiny-qwen3: free heap 3.5 MiB instead of 64, resident 1,099 MiB
+# instead of 1,146). In the 300-step vLLM soak the workers' growth fell from +50 to +17 MiB per 100 steps,
+# not to zero (docs/reliability.md). Set for vLLM's processes only, unless the user set it.
+ALLOCATOR_ENVIRONMENT = {"MALLOC_MMAP_THRESHOLD_": str(128 * 1024)}
 
 
 def pack_tensors(named: List[Tuple[str, torch.Tensor]]) -> bytes:
@@ -79,7 +87,8 @@ class VLLMEngine(RolloutEngine):
         `cpu_kv_cache_gib` (CPU only): the KV cache, allocated whole at start-up (a run's
         `rollout.cpu_kv_cache_gib`); VLLM_CPU_KVCACHE_SPACE in the environment overrides it, as in vLLM."""
         on_gpu = torch.cuda.is_available()
-        binding = {}  # read by vLLM as it starts its workers
+        # read by vLLM's processes as they start (the C library reads its variables then too)
+        binding = {key: value for key, value in ALLOCATOR_ENVIRONMENT.items() if key not in os.environ}
         if not on_gpu and cpu_threads and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
             cores = sorted(os.sched_getaffinity(0))
             binding["VLLM_CPU_OMP_THREADS_BIND"] = cpu_thread_binding(cpu_threads, tensor_parallel_size, cores)
@@ -180,6 +189,10 @@ class VLLMEngine(RolloutEngine):
     def end_bucket_stream(self, buckets_sent: int) -> None:
         self.llm.collective_rpc("hacpo_end_bucket_stream", args=(buckets_sent,))
 
+    def worker_environment(self, names: Sequence[str]) -> List[Dict[str, Optional[str]]]:
+        """Each worker's value of these environment variables (None: unset)."""
+        return self.llm.collective_rpc("hacpo_environment", args=(list(names),))
+
     def worker_threads(self) -> List[Dict[str, Any]]:
         """Each worker's torch threads and the cores its threads are pinned to (what `cpu_threads` sets on CPU)."""
         return self.llm.collective_rpc("hacpo_threads")
@@ -263,6 +276,9 @@ class WeightSyncExtension:
                 continue
             pinned |= cores if len(cores) == 1 else set()
         return {"torch_threads": torch.get_num_threads(), "pinned_cores": sorted(pinned)}
+
+    def hacpo_environment(self, names: List[str]) -> Dict[str, Optional[str]]:
+        return {name: os.environ.get(name) for name in names}
 
     def hacpo_clear_staged(self, purpose: str) -> None:
         self._staged(purpose).clear()

@@ -90,6 +90,14 @@ def test_vllm_cpu_worker_runs_the_threads_asked_for_on_the_first_cores(facts):
     assert facts["bind_variable_after_start"] is None  # the engine's process environment is left as it was
 
 
+@pytest.mark.vllm
+def test_vllm_worker_allocator_keeps_a_fixed_mmap_threshold(facts):
+    """glibc's moving mmap threshold let a vLLM worker's heap fragment over a long run (docs/reliability.md): the
+    worker starts with it fixed; this process's environment is left as it was."""
+    assert facts["worker_environment"] == [{"MALLOC_MMAP_THRESHOLD_": str(128 * 1024)}]
+    assert facts["allocator_variable_after_start"] is None
+
+
 def test_thread_binding_gives_each_worker_its_own_block_of_the_allowed_cores():
     assert cpu_thread_binding(2, 1, [0, 1]) == "0,1"
     assert cpu_thread_binding(2, 2, [7, 3, 5, 4]) == "3,4|5,7"  # sorted, one block per worker

@@ -89,6 +89,8 @@ def main(out_path, workdir):
     facts["worker_threads"] = engine.worker_threads()
     facts["cores_here"] = sorted(os.sched_getaffinity(0))
     facts["bind_variable_after_start"] = os.environ.get("VLLM_CPU_OMP_THREADS_BIND")
+    facts["worker_environment"] = engine.worker_environment(["MALLOC_MMAP_THRESHOLD_"])
+    facts["allocator_variable_after_start"] = os.environ.get("MALLOC_MMAP_THRESHOLD_")
     # a trainer sends a tied embedding once, without lm_head.weight (as HF checkpoints store it): the
     # engine's head must still follow the embedding
     push_weights(engine, [(n, t) for n, t in model_a.state_dict().items() if n != "lm_head.weight"])
