@@ -382,7 +382,8 @@ def plot(out: Path, rows: Sequence[dict], store: Dict[int, Dict[str, float]]) ->
                 axes.plot(steps, [by_step[s] / scale for s in steps], label=kind, linewidth=1.2)
         axes.set_xlabel("step")
         axes.set_ylabel("MiB" if quantity == "rss_bytes" else quantity)
-        axes.set_title(f"{quantity} per process kind (sum over its processes; floor: lowest of ~{MIN_SAMPLES} samples)")
+        floor = f"; floors: lowest of ~{MIN_SAMPLES} samples" if quantity == "rss_bytes" else "; lowest per step"
+        axes.set_title(f"{quantity} per process kind (sum over its processes{floor})")
         axes.legend(fontsize="x-small", ncols=2)
         figure.savefig(out / f"{quantity}.png", dpi=100)
     figure = Figure(figsize=(9, 5), layout="constrained")
