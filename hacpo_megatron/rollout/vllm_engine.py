@@ -35,14 +35,18 @@ from hacpo_megatron.rollout.base import (
 
 EXTENSION = "hacpo_megatron.rollout.vllm_engine.WeightSyncExtension"
 EMBEDDING = "model.embed_tokens.weight"
-# glibc raises its mmap threshold (up to 32 MiB) each time a big mmapped block is freed; from then on
-# vLLM's blocks of a few MiB (each step's logits, batch x vocabulary; each reload's weights) come from
-# the heap, and its free holes grow: over a 300-step soak each worker's resident memory rose ~40 MiB
-# per 100 steps. Fixed at glibc's own starting value, such blocks are mmapped and returned as they are
-# freed (60 reloads + generations of tiny-qwen3: free heap 3.5 MiB instead of 64, resident 1,099 MiB
-# instead of 1,146). In the 300-step vLLM soak the workers' growth fell from +50 to +17 MiB per 100 steps,
-# not to zero (docs/reliability.md). Set for vLLM's processes only, unless the user set it.
-ALLOCATOR_ENVIRONMENT = {"MALLOC_MMAP_THRESHOLD_": str(128 * 1024)}
+# What a vLLM CPU worker's memory would otherwise keep gaining over a long run (docs/reliability.md), set
+# for vLLM's processes only (read as they start), unless the user set them:
+# - glibc raises its mmap threshold (up to 32 MiB) each time a big mmapped block is freed; from then on
+#   vLLM's blocks of a few MiB (each step's logits, batch x vocabulary; each reload's weights) come from
+#   the heap, and its free holes grow (60 reloads + generations of tiny-qwen3: free heap 64 MiB; 3.5 with
+#   the threshold fixed at glibc's own starting value, where such blocks are mmapped and returned as freed).
+# - oneDNN keeps every matmul it builds, one per layer shape and batch row count, in a process-wide cache
+#   of 1,024: a run's varied batches fill it over hundreds of steps (each worker +260 MiB per 100 rounds of
+#   random-length batches, flat once full); vLLM's own per-layer cache of 32 still serves a step's
+#   repeated shapes. Off, the worker stays flat and generation is as fast
+#   (benchmarks/bench_primitive_cache.py).
+WORKER_ENVIRONMENT = {"MALLOC_MMAP_THRESHOLD_": str(128 * 1024), "ONEDNN_PRIMITIVE_CACHE_CAPACITY": "0"}
 
 
 def pack_tensors(named: List[Tuple[str, torch.Tensor]]) -> bytes:
@@ -88,7 +92,7 @@ class VLLMEngine(RolloutEngine):
         `rollout.cpu_kv_cache_gib`); VLLM_CPU_KVCACHE_SPACE in the environment overrides it, as in vLLM."""
         on_gpu = torch.cuda.is_available()
         # read by vLLM's processes as they start (the C library reads its variables then too)
-        binding = {key: value for key, value in ALLOCATOR_ENVIRONMENT.items() if key not in os.environ}
+        binding = {key: value for key, value in WORKER_ENVIRONMENT.items() if key not in os.environ}
         if not on_gpu and cpu_threads and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
             cores = sorted(os.sched_getaffinity(0))
             binding["VLLM_CPU_OMP_THREADS_BIND"] = cpu_thread_binding(cpu_threads, tensor_parallel_size, cores)

@@ -18,7 +18,9 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 def run_checks(work, *mode):
     assert importlib.util.find_spec("vllm") is not None, "vLLM is not installed: `make setup-vllm` (make test does)"
     out = work / "facts.json"
-    env = {k: v for k, v in os.environ.items() if k != "VLLM_CPU_KVCACHE_SPACE"}  # it would override the engines' sizes
+    # these would override the engines' own settings (KV cache size; the workers' memory settings)
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("VLLM_CPU_KVCACHE_SPACE", "MALLOC_MMAP_THRESHOLD_", "ONEDNN_PRIMITIVE_CACHE_CAPACITY")}
     env["TOKENIZERS_PARALLELISM"] = "false"
     command = [sys.executable, os.path.join(REPO, "tests", "rollout", "vllm_checks.py"), str(out), str(work), *mode]
     try:
@@ -91,11 +93,21 @@ def test_vllm_cpu_worker_runs_the_threads_asked_for_on_the_first_cores(facts):
 
 
 @pytest.mark.vllm
-def test_vllm_worker_allocator_keeps_a_fixed_mmap_threshold(facts):
-    """glibc's moving mmap threshold let a vLLM worker's heap fragment over a long run (docs/reliability.md): the
-    worker starts with it fixed; this process's environment is left as it was."""
-    assert facts["worker_environment"] == [{"MALLOC_MMAP_THRESHOLD_": str(128 * 1024)}]
-    assert facts["allocator_variable_after_start"] is None
+def test_vllm_workers_start_with_the_settings_that_keep_their_memory_flat(facts):
+    """glibc's moving mmap threshold let a vLLM worker's heap fragment over a long run, and oneDNN's process-wide
+    primitive cache grew it by a matmul per new batch shape (docs/reliability.md): the worker starts with the
+    threshold fixed and that cache off; this process's environment is left as it was."""
+    assert facts["worker_environment"] == [{"MALLOC_MMAP_THRESHOLD_": str(128 * 1024),
+                                            "ONEDNN_PRIMITIVE_CACHE_CAPACITY": "0"}]
+    assert facts["worker_variables_after_start"] == [None, None]
+
+
+@pytest.mark.vllm
+def test_new_batch_shapes_do_not_grow_the_vllm_worker(facts):
+    """150 prefills, each of a row count not seen before: with oneDNN's cache at its default (1,024) the worker
+    kept 98 MiB of them, with it off 3.7 (tests/rollout/vllm_checks.py run with ONEDNN_PRIMITIVE_CACHE_CAPACITY=1024,
+    then as here)."""
+    assert facts["worker_growth_over_new_batch_shapes_mib"] < 20
 
 
 def test_thread_binding_gives_each_worker_its_own_block_of_the_allowed_cores():

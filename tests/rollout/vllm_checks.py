@@ -69,11 +69,31 @@ def lose_engine_core(engine, prompts):
             "other_error_is_a_loss": engine.process_lost(ValueError("a bad prompt"))}
 
 
+def worker_growth_over_new_batch_shapes(engine):
+    """MiB vLLM's worker gains over 150 prefills of one prompt each, every one a row count (prompt length) the
+    worker has not run before: what a process-wide cache of oneDNN matmuls (one per layer shape and row count)
+    keeps. The first 50 lengths before: code paged in, the allocator settled."""
+    import psutil
+
+    from hacpo_megatron.rollout.base import SamplingParams
+
+    workers = [p for p in psutil.Process().children(recursive=True) if "Worker" in " ".join(p.cmdline())]
+    one_token = SamplingParams(n=1, max_new_tokens=1, seed=0)
+
+    def prefill(lengths):
+        for length in lengths:
+            engine.generate([[100 + i for i in range(length)]], one_token)
+        return sum(p.memory_info().rss for p in workers)
+
+    before = prefill(range(1, 51))
+    return (prefill(range(51, 201)) - before) / 2**20
+
+
 def main(out_path, workdir):
     from hacpo_megatron.bridge.tokenizers import load_tokenizer
     from hacpo_megatron.rollout import make_engine
     from hacpo_megatron.rollout.base import SamplingParams, push_weights
-    from hacpo_megatron.rollout.vllm_engine import VLLMEngine
+    from hacpo_megatron.rollout.vllm_engine import WORKER_ENVIRONMENT, VLLMEngine
 
     model_a = build_model_folder(f"{workdir}/a", seed=0)
     model_b = build_model_folder(f"{workdir}/b", seed=1)
@@ -89,8 +109,8 @@ def main(out_path, workdir):
     facts["worker_threads"] = engine.worker_threads()
     facts["cores_here"] = sorted(os.sched_getaffinity(0))
     facts["bind_variable_after_start"] = os.environ.get("VLLM_CPU_OMP_THREADS_BIND")
-    facts["worker_environment"] = engine.worker_environment(["MALLOC_MMAP_THRESHOLD_"])
-    facts["allocator_variable_after_start"] = os.environ.get("MALLOC_MMAP_THRESHOLD_")
+    facts["worker_environment"] = engine.worker_environment(sorted(WORKER_ENVIRONMENT))
+    facts["worker_variables_after_start"] = [os.environ.get(name) for name in sorted(WORKER_ENVIRONMENT)]
     # a trainer sends a tied embedding once, without lm_head.weight (as HF checkpoints store it): the
     # engine's head must still follow the embedding
     push_weights(engine, [(n, t) for n, t in model_a.state_dict().items() if n != "lm_head.weight"])
@@ -141,6 +161,7 @@ def main(out_path, workdir):
     engine.eos_token_ids = [truncated.token_ids[0]]
     stopped = engine.generate(prompts[:1], SamplingParams(n=1, max_new_tokens=2, seed=0))[0][0]
     facts["stop_cut"] = [stopped.token_ids, len(stopped.logprobs), stopped.finish_reason, truncated.token_ids[0]]
+    facts["worker_growth_over_new_batch_shapes_mib"] = worker_growth_over_new_batch_shapes(engine)
     facts["engine_core_loss"] = lose_engine_core(engine, prompts)
     engine.shutdown()
     with open(out_path, "w") as f:
