@@ -42,8 +42,8 @@ EMBEDDING = "model.embed_tokens.weight"
 #   the heap, and its free holes grow (60 reloads + generations of tiny-qwen3: free heap 64 MiB; 3.5 with
 #   the threshold fixed at glibc's own starting value, where such blocks are mmapped and returned as freed).
 # - oneDNN keeps every matmul it builds, one per layer shape and batch row count, in a process-wide cache
-#   of 1,024: a run's varied batches fill it over hundreds of steps (a tiny-qwen3 worker +360 MiB in 90
-#   rounds of random-length batches, then flat: full); vLLM's own per-layer cache of 32 still serves a
+#   of 1,024: a run's varied batches fill it over hundreds of steps (a 2-layer Qwen3's worker +360 MiB in
+#   90 rounds of random-length batches, then flat: full); vLLM's own per-layer cache of 32 still serves a
 #   step's repeated shapes. Off, the worker stays flat and generation is as fast
 #   (benchmarks/bench_primitive_cache.py).
 WORKER_ENVIRONMENT = {"MALLOC_MMAP_THRESHOLD_": str(128 * 1024), "ONEDNN_PRIMITIVE_CACHE_CAPACITY": "0"}
