@@ -33,6 +33,8 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)  # run from a checkout
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+from bench_engine_memory import vllm_rss  # noqa: E402  (this folder: vLLM's processes by name)
+
 MIB = 1 << 20
 VARIABLE = "ONEDNN_PRIMITIVE_CACHE_CAPACITY"
 # SmolLM2-135M-Instruct's shapes (30 layers sharing five matmul shapes), random weights: no download needed
@@ -50,8 +52,7 @@ def hf_config(model: str) -> dict:
 
 def worker_rss(parent) -> int:
     """Resident bytes of vLLM's worker process(es) under `parent`: the one that holds the model."""
-    return sum(p.memory_info().rss for p in parent.children(recursive=True)
-               if "Worker" in (" ".join(p.cmdline()) or p.name()))
+    return sum(rss for name, rss in vllm_rss(parent).items() if "Worker" in name)
 
 
 def random_prompts(rng: random.Random, count: int, vocab: int):
