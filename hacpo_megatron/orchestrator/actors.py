@@ -29,6 +29,7 @@ import ray
 import torch
 
 from hacpo_megatron.orchestrator.pipeline import TimedAnswers
+from hacpo_megatron.orchestrator.shared_memory import record_engine_files, remove_files_of_ended_engine
 from hacpo_megatron.rollout.base import (
     Completion, EngineLost, EngineWithoutWeights, RolloutEngine, SamplingParams, WeightCheck,
 )
@@ -67,6 +68,11 @@ class EngineActor:
                  gpu: int = 0):
         torch.set_num_threads(threads)
         self._weights_complete = False  # no whole weight update has arrived in this process yet
+        if ray.get_runtime_context().was_current_actor_reconstructed:  # the engine before it was SIGKILLed
+            removed = remove_files_of_ended_engine()
+            if removed:
+                print(f"engine actor {os.getpid()}: removed {len(removed)} files in /dev/shm of the engine that "
+                      "ended before it", flush=True)
         from hacpo_megatron.bridge.tokenizers import eos_token_ids, load_tokenizer, pad_token_id
 
         tokenizer = load_tokenizer(tokenizer_name, prompt_format)  # the format's end tokens stop generation
@@ -94,6 +100,7 @@ class EngineActor:
                     self.engine = make_engine(kind, model_path=config_only, eos_token_ids=sorted(eos_token_ids(tokenizer)),
                                               tokenizer=tokenizer, seed=seed, load_format="dummy", cpu_threads=threads,
                                               **kwargs)
+                record_engine_files()  # its engine core and workers talk through /dev/shm
                 return
             if folder is None:
                 raise ValueError(f"the {kind} engine needs a Hugging Face folder: set the agent's init_from")
@@ -151,6 +158,7 @@ class EngineActor:
             self.engine.end_bucket_stream(buckets_sent)
         self.engine.finish_weight_update()
         self._weights_complete = True
+        record_engine_files()  # again each step: with what its engine made since (its /dev/shm files)
 
     # weights over a group of their own or CUDA IPC (rollout/transport.py, orchestrator/weight_senders.py)
     @restarts_when_engine_lost

@@ -34,7 +34,7 @@ import secrets
 import signal
 import tempfile
 from dataclasses import dataclass, field
-from typing import Dict, Optional, Set
+from typing import Dict, Optional
 
 import psutil
 import ray
@@ -42,6 +42,7 @@ import torch.distributed as dist
 from ray._private import ray_constants
 
 from hacpo_megatron.orchestrator.preemption import signal_blocked
+from hacpo_megatron.orchestrator.shared_memory import shared_memory_files, unlink_all
 
 NAMESPACE = "hacpo"
 TOKEN_FILE = "auth_token"
@@ -212,29 +213,7 @@ def _shutdown_without_graceful_waits() -> None:
             except psutil.NoSuchProcess:
                 pass
         psutil.wait_procs(started_by_raylet, timeout=10)
-        for path in shared_files:  # the processes of the run's Ray that mapped them are gone now
-            try:
-                os.unlink(path)
-            except FileNotFoundError:
-                pass
-
-
-def shared_memory_files(processes) -> Set[str]:
-    """The files in /dev/shm that these processes map and nobody has unlinked yet: vLLM's ring buffers (`psm_*`,
-    through which its engine core and workers talk) and multiprocessing's semaphores (`sem.*`). Their creators
-    unlink them only when they exit cleanly; SIGKILLed at the end of a run, they stayed, two of 160-250 MiB
-    (sparse) per vLLM engine, until the machine restarts (docs/reliability.md)."""
-    found = set()
-    for process in processes:
-        try:
-            with open(f"/proc/{process.pid}/maps") as maps:
-                for line in maps:
-                    fields = line.split(None, 5)
-                    if len(fields) == 6 and fields[5].startswith("/dev/shm/") and not fields[5].endswith("(deleted)\n"):
-                        found.add(fields[5].rstrip("\n"))
-        except (FileNotFoundError, ProcessLookupError, PermissionError):
-            pass  # ended meanwhile
-    return found
+        unlink_all(shared_files)  # the processes of the run's Ray that mapped them are gone now
 
 
 TASK_EVENTS_KEPT = "1000"

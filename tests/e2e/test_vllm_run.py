@@ -57,10 +57,10 @@ def test_vllm_engines_serve_exactly_the_trainers_weights_a_restarted_one_too(vll
     assert {r["step"] for r in evals} == {0, 2}
 
 
-def test_the_run_end_removes_its_engines_files_from_dev_shm(vllm_run):
-    """vLLM's engine core and workers talk through files in /dev/shm (two per engine) that only a clean exit unlinks;
-    the run's end SIGKILLs them, then removes what they mapped (orchestrator/ray_runtime.py). Three engines lived in
-    this run; without that, all six files stayed. The killed engine's two still stay (nothing sweeps them at its
-    restart yet: docs/reliability.md)."""
+def test_no_engine_leaves_files_in_dev_shm_the_killed_one_neither(vllm_run):
+    """vLLM's engine core and workers talk through files in /dev/shm (two ring buffers per engine, and semaphores)
+    that only a clean exit unlinks. Three engines lived in this run: two the run's end SIGKILLs (it removes what
+    they mapped), and one killed before the second step, whose files the actor Ray started in its place removes
+    (orchestrator/shared_memory.py). Without the first, six files stayed; without the second, two to four."""
     _, _, left_in_dev_shm = vllm_run
-    assert len(left_in_dev_shm) <= 2, left_in_dev_shm
+    assert left_in_dev_shm == []

@@ -6,11 +6,9 @@ Each test points Ray's temp dir (RAY_TMPDIR) at a fresh folder, so the records i
 import http.client
 import multiprocessing
 import os
-import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 
 import psutil
@@ -25,18 +23,6 @@ LOOPBACK = {"127.0.0.1", "::ffff:127.0.0.1", "::1"}
 PROBES = ("/ray.rpc.NodeInfoGcsService/GetClusterId", "/ray.rpc.NodeManagerService/GetSystemConfig",
           "/ray.rpc.CoreWorkerService/NumPendingTasks", "/ray.rpc.ObjectManagerService/Pull")
 ENV = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER")
-
-
-@pytest.fixture
-def ray_tmp(monkeypatch):
-    # Short: Ray's unix sockets live below it (the kernel allows 107 bytes per socket path).
-    base = tempfile.mkdtemp(prefix="hr-", dir="/tmp")
-    monkeypatch.setenv("RAY_TMPDIR", base)
-    monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    yield base
-    if ray.is_initialized():
-        ray.shutdown()
-    shutil.rmtree(base, ignore_errors=True)
 
 
 def _free_port() -> int:
