@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from typing import Iterable, List, Optional, Set
 
 import psutil
