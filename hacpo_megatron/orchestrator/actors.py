@@ -69,10 +69,7 @@ class EngineActor:
         torch.set_num_threads(threads)
         self._weights_complete = False  # no whole weight update has arrived in this process yet
         if ray.get_runtime_context().was_current_actor_reconstructed:  # the engine before it was SIGKILLed
-            removed = remove_files_of_ended_engine()
-            if removed:
-                print(f"engine actor {os.getpid()}: removed {len(removed)} files in /dev/shm of the engine that "
-                      "ended before it", flush=True)
+            remove_files_of_ended_engine()
         from hacpo_megatron.bridge.tokenizers import eos_token_ids, load_tokenizer, pad_token_id
 
         tokenizer = load_tokenizer(tokenizer_name, prompt_format)  # the format's end tokens stop generation

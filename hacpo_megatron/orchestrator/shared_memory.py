@@ -95,7 +95,7 @@ def record_engine_files() -> None:
 def remove_files_of_ended_engine(wait_s: float = 30.0) -> List[str]:
     """In an actor Ray started again: remove the files its predecessor's tree mapped, once every process of that
     tree has ended. vLLM's own processes end when they see the actor die; one still there after `wait_s` is an
-    orphan of a dead actor and is killed. Returns the files removed."""
+    orphan of a dead actor and is killed. Returns the files removed (and says how many in the actor's log)."""
     path = _record_path()
     if path is None or not os.path.exists(path):
         return []
@@ -120,4 +120,7 @@ def remove_files_of_ended_engine(wait_s: float = 30.0) -> List[str]:
     psutil.wait_procs(alive, timeout=10)
     removed = unlink_all(record["files"])
     os.unlink(path)
+    if removed:
+        print(f"engine actor {os.getpid()}: removed {len(removed)} files in /dev/shm of the engine that ended "
+              "before it", flush=True)
     return removed
