@@ -1,6 +1,6 @@
 """One learner's HACPO updates two ways, same weights, same rows: what one implementation choice costs.
 
-    torchrun --nproc_per_node 1 benchmarks/bench_learner_update.py --compare logprob|attention
+    torchrun --nproc_per_node 1 benchmarks/bench_learner_update.py --compare logprob
              [--model tiny-qwen3] [--threads 2] [--own-length 3] [--cross-length 66] [--micro-batch-size 8]
              [--rounds 3]
 
@@ -13,8 +13,9 @@ is SmolLM2's learner (49,152 words, 30 layers). Rows and update grid come from b
     --compare logprob     "composed": log softmax(logits / T)[target] as the code did before TargetLogProb
                           (select, divide, log_softmax, gather: each writes a [tokens, vocabulary] tensor
                           forward and backward); "fused": models/logprobs.py's TargetLogProb
-    --compare attention   "masked": megatron's local attention over whole shared-prompt rows ([heads, S, S]
-                          scores, mask, softmax); "blocked": models/attention.py's dense blocks
+
+(`--compare attention`, megatron's masked attention over whole shared-prompt rows against dense blocks, went with
+issue 42: no row builds a dense mask now; `bench_megatron.py --attention` compares train.attention's kernels.)
 
 Rounds alternate between the two; the first round is a warm-up, the fastest later round of each is kept.
 Reported: seconds of the step's updates, their ratio, and how far the two trainers' weights are apart after
@@ -36,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import bench_shared_prompts  # noqa: E402
 from hacpo_megatron.algorithms.registry import algorithm_spec  # noqa: E402
 from hacpo_megatron.config.schema import AgentConfig, AlgorithmConfig, ParallelConfig  # noqa: E402
-from hacpo_megatron.models import attention, logprobs  # noqa: E402
+from hacpo_megatron.models import logprobs  # noqa: E402
 from hacpo_megatron.models.build import build_agent_model  # noqa: E402
 from hacpo_megatron.models.presets import load_hf_config_dict  # noqa: E402
 from hacpo_megatron.parallel.groups import create_agent_groups, init_distributed  # noqa: E402
@@ -70,12 +71,9 @@ def as_is():
     yield
 
 
-MASKED_ATTENTION = attention.DotProductAttention.forward  # megatron's own, over the whole masked row
 COMPARISONS = {  # the older implementation first
     "logprob": {"composed": lambda: replaced(logprobs.TargetLogProb, "apply", composed_target_logprob),
                 "fused": as_is},
-    "attention": {"masked": lambda: replaced(attention.SharedPromptAttention, "forward", MASKED_ATTENTION),
-                  "blocked": as_is},
 }
 
 

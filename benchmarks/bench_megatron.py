@@ -18,6 +18,11 @@ same length, so neither side pays for padding). Each model is measured three way
   hf-full-logits      transformers as a plain user calls it: logits at all P+R positions, log_softmax at the
                       response positions; training: GSPO loss (`gspo_policy_loss`), backward, AdamW step.
   hf-response-logits  the same, with `logits_to_keep` = the response positions: the fair comparison.
+  hf-amp-response-logits  (a GPU with bf16 megatron) the like-for-like peer, what verl's FSDP backend runs:
+                      fp32 weights and AdamW states (fused), bf16 compute under torch.autocast, SDPA attention.
+
+megatron's rows are one per `--attention` kernel (train.attention; `megatron[sdpa]` etc., plain `megatron` for
+auto), with `--max-tokens` its micro-batches by a token budget (train.max_tokens_per_micro_batch).
 
 The HF training update mirrors what megatron's optimizer does here: AdamW (weight decay 0.01) and gradient
 clipping at norm 1.0 (TrainHyperparams' defaults). Throughput counts all N * (P + R) tokens of the batch.
@@ -31,6 +36,7 @@ load: the load average is recorded with them. Results and discussion: docs/bench
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import os
@@ -39,7 +45,9 @@ import socket
 import statistics
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from typing import Callable, Dict, List, Sequence, Tuple
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -157,6 +165,12 @@ def hf_logprob_pass(model, chunks, work: Workload, response_logits_only: bool) -
                                                response_logits_only=response_logits_only) for ids, _ in chunks])
 
 
+def autocast(fn, *args):
+    """fn(*args) with bf16 compute over fp32 weights (torch.autocast), as FSDP's mixed precision runs it."""
+    with torch.autocast(device_type=DEVICE.type, dtype=torch.bfloat16):
+        return fn(*args)
+
+
 def hf_train_update(model, optimizer, chunks, work: Workload, old_seq_logp: torch.Tensor,
                     response_logits_only: bool) -> float:
     """One optimizer update: GSPO loss summed over micro-batches (each its share of the batch mean)."""
@@ -204,12 +218,17 @@ def megatron_rows(work: Workload, old_seq_logp: torch.Tensor):
             for i, ((p, r), a, o) in enumerate(zip(work.sequences, work.advantages, old_seq_logp))]
 
 
+def megatron_label(kernel: str) -> str:
+    return "megatron" if kernel == "auto" else f"megatron[{kernel}]"
+
+
 # ------------------------------------------------------------------------------------------------
 # One model, three backends, two passes
 # ------------------------------------------------------------------------------------------------
 def bench_model(name: str, hf_config: Dict, parallel, args) -> Tuple[List[Dict], Dict]:
     from hacpo_megatron.algorithms import resolve_algorithm
     from hacpo_megatron.checkpoint.hf_mapping import load_hf_state_dict_into_model
+    from hacpo_megatron.models.attention import resolve_attention
     from hacpo_megatron.models.build import build_agent_model
     from hacpo_megatron.models.logprobs import compute_sequence_logprobs
     from hacpo_megatron.rollout.embedded import hf_model_from_config
@@ -231,33 +250,132 @@ def bench_model(name: str, hf_config: Dict, parallel, args) -> Tuple[List[Dict],
     # ---- log-prob pass (no weight changes yet, so the three can be checked against each other)
     rows = []
     chunks = hf_chunks(work, micro_batch)
-    megatron_lp = lambda: compute_sequence_logprobs(agent, work.sequences, temperature=TEMPERATURE,  # noqa: E731
-                                                    max_sequences_per_micro_batch=micro_batch)
+    kernels = {kernel: resolve_attention(kernel, DEVICE) for kernel in args.attention}  # train.attention's choices
+
+    def megatron_lp(kernel: str = args.attention[0]):
+        return compute_sequence_logprobs(dataclasses.replace(agent, attention=kernels[kernel]), work.sequences,
+                                         temperature=TEMPERATURE, max_sequences_per_micro_batch=micro_batch,
+                                         max_tokens_per_micro_batch=args.max_tokens)
+
+    # The peer verl's FSDP backend is: fp32 weights and Adam states, bf16 compute under autocast, SDPA attention
+    # (megatron keeps fp32 main weights and Adam states the same way); on a GPU with a bf16 megatron only.
+    amp = None
+    if DEVICE.type == "cuda" and agent.config.params_dtype == torch.bfloat16:
+        amp = hf_model_from_config(hf_config, seed=1, dtype=torch.float32).to(DEVICE)
+        amp.load_state_dict({k: v.float() for k, v in hf.state_dict().items()})
+    peers = {"hf-amp-response-logits": lambda: autocast(hf_logprob_pass, amp, chunks, work, True)} if amp else {}
     times = time_interleaved({
-        "megatron": megatron_lp,
+        **{megatron_label(kernel): partial(megatron_lp, kernel) for kernel in kernels},
         "hf-full-logits": lambda: hf_logprob_pass(hf, chunks, work, False),
         "hf-response-logits": lambda: hf_logprob_pass(hf, chunks, work, True),
+        **peers,
     }, **timing)
     rows += [result_row(label, vocab, backend, "logprob", t, work.tokens) for backend, t in times.items()]
     print(f"[{label}] log-prob pass done", flush=True)
+    if args.profile:
+        profile_calls({megatron_label(k): partial(megatron_lp, k) for k in kernels}
+                      | {"hf-response-logits": lambda: hf_logprob_pass(hf, chunks, work, True)} | peers,
+                      {"megatron": agent.model, "hf": hf, "hf-amp": amp}, args.profile, label, "logprob")
     reference = megatron_lp()
     info["max_abs_logprob_diff_megatron_vs_hf"] = float(
         (reference.token_logprobs - hf_logprob_pass(hf, chunks, work, True).cpu()).abs().max())
     old_seq_logp = reference.sums / reference.lengths  # what the RL step passes as old log-probs
 
     # ---- training update (megatron and HF each update their own copy of the weights)
-    hp = TrainHyperparams(lr=LR, micro_batch_size=micro_batch, temperature=TEMPERATURE)
+    hp = TrainHyperparams(lr=LR, micro_batch_size=micro_batch, temperature=TEMPERATURE,
+                          max_tokens_per_micro_batch=args.max_tokens)
     trainer = AgentTrainer(agent, resolve_algorithm("hacpo"), hp)
     train_rows = megatron_rows(work, old_seq_logp)
     optimizer = torch.optim.AdamW(hf.parameters(), lr=LR, weight_decay=0.01)  # megatron's "adam" decays like AdamW
+    amp_optimizer = torch.optim.AdamW(amp.parameters(), lr=LR, weight_decay=0.01, fused=True) if amp else None
+
+    def megatron_update(kernel: str):  # one update of every row, with this kernel
+        trainer.agent = dataclasses.replace(trainer.agent, attention=kernels[kernel])
+        return trainer.train_step([train_rows])
+
+    trainable = [k for k in kernels if not (kernels[k] == "flex" and DEVICE.type == "cpu")]  # no CPU flex backward
     times = time_interleaved({
-        "megatron": lambda: trainer.train_step([train_rows]),  # one update of every row
+        **{megatron_label(kernel): partial(megatron_update, kernel) for kernel in trainable},
         "hf-full-logits": lambda: hf_train_update(hf, optimizer, chunks, work, old_seq_logp, False),
         "hf-response-logits": lambda: hf_train_update(hf, optimizer, chunks, work, old_seq_logp, True),
+        **({"hf-amp-response-logits": lambda: autocast(hf_train_update, amp, amp_optimizer, chunks, work, old_seq_logp,
+                                                       True)} if amp else {}),
     }, **timing)
     rows += [result_row(label, vocab, backend, "train", t, work.tokens) for backend, t in times.items()]
     print(f"[{label}] training update done", flush=True)
+    if args.profile:
+        profile_calls({megatron_label(k): partial(megatron_update, k) for k in trainable}
+                      | {"hf-response-logits": lambda: hf_train_update(hf, optimizer, chunks, work, old_seq_logp, True)}
+                      | ({"hf-amp-response-logits": lambda: autocast(hf_train_update, amp, amp_optimizer, chunks, work,
+                                                                     old_seq_logp, True)} if amp else {}),
+                      {"megatron": agent.model, "hf": hf, "hf-amp": amp}, args.profile, label, "train")
     return rows, info
+
+
+# ------------------------------------------------------------------------------------------------
+# Where the time goes: torch.profiler, by kernel and by module
+# ------------------------------------------------------------------------------------------------
+@contextmanager
+def module_ranges(model):
+    """Every submodule's forward inside a profiler range named `module::ClassName` (forward only: the backward's
+    kernels run outside the module calls, so they show in the by-kernel table alone)."""
+    from torch.profiler import record_function
+
+    open_ranges, handles = {}, []
+    if model is not None:
+        for module in model.modules():
+            if module is model:
+                continue
+
+            def enter(m, *_):
+                open_ranges.setdefault(id(m), []).append(record_function(f"module::{type(m).__name__}").__enter__())
+
+            def leave(m, *_):
+                open_ranges[id(m)].pop().__exit__(None, None, None)
+
+            handles += [module.register_forward_pre_hook(enter), module.register_forward_hook(leave)]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def profile_calls(calls: Dict[str, Callable[[], object]], models: Dict[str, object], out_dir: str, label: str,
+                  kind: str) -> None:
+    """One call of each backend under torch.profiler (after one unprofiled call): the top kernels by their own
+    device time and the modules by the device time inside them, written to OUT_DIR/profile_LABEL_KIND.txt."""
+    from torch.profiler import ProfilerActivity, profile
+
+    on_gpu = DEVICE.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
+    sort_key = "self_device_time_total" if on_gpu else "self_cpu_time_total"
+    total_key = "device_time_total" if on_gpu else "cpu_time_total"
+    os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, f"profile_{label.replace('/', '_')}_{kind}.txt")
+    with open(path, "w") as out:
+        for backend, call in calls.items():
+            model = models["megatron" if backend.startswith("megatron") else "hf-amp" if "amp" in backend else "hf"]
+            call()
+            synchronize()
+            with module_ranges(model), profile(activities=activities) as prof:
+                call()
+                synchronize()
+            averages = prof.key_averages()
+            out.write(f"## {label} {kind} {backend}: top kernels and ops by self time\n\n")
+            out.write(averages.table(sort_by=sort_key, row_limit=30) + "\n\n")
+            modules = sorted((e for e in averages if e.key.startswith("module::")),
+                             key=lambda e: -getattr(e, total_key))
+            out.write(f"## {label} {kind} {backend}: modules by time inside them (forward)\n\n")
+            for event in modules[:25]:
+                out.write(f"{event.key:<60} {getattr(event, total_key) / 1e3:10.2f} ms  x{event.count}\n")
+            out.write("\n")
+    print(f"[{label}] {kind} profile: {path}", flush=True)
+
+
+def synchronize() -> None:
+    if DEVICE.type == "cuda":
+        torch.cuda.synchronize()
 
 
 # ------------------------------------------------------------------------------------------------
@@ -273,14 +391,18 @@ def markdown_table(rows: Sequence[Dict]) -> str:
     speed_key = "cpu_ms" if DEVICE.type == "cpu" else "ms"  # a GPU run's CPU time is not its cost
     models = list(dict.fromkeys(r["model"] for r in rows))
     backends = list(dict.fromkeys(r["backend"] for r in rows))
-    head = "| model | backend |" + "".join(f" {k} ms | {k} tok/s | {k} CPU ms | {k} speed vs megatron |"
+    head = "| model | backend |" + "".join(f" {k} ms | {k} tok/s | {k} CPU ms | {k} speed vs {backends[0]} |"
                                         for k in ("log-prob", "train"))
     lines = [head, "|---|---|" + "---:|" * 8]
+    reference = backends[0]  # the first megatron kernel (--attention's first)
     for model in models:
         for backend in backends:
             cells = [model, backend]
             for kind in ("logprob", "train"):
-                row, base = by_key[(model, backend, kind)], by_key[(model, "megatron", kind)]
+                row, base = by_key.get((model, backend, kind)), by_key[(model, reference, kind)]
+                if row is None:  # FlexAttention's update on a CPU: torch has no backward for it there
+                    cells += ["-"] * 4
+                    continue
                 cells += [f"{row['ms']:.0f}", f"{row['tokens_per_s']:,.0f}", f"{row['cpu_ms']:.0f}",
                           f"{base[speed_key] / row[speed_key]:.2f}x"]
             lines.append("| " + " | ".join(cells) + " |")
@@ -321,6 +443,13 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--threads", type=int, default=1, help="torch threads (1: single-core comparison)")
     parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--attention", nargs="+", default=["auto"], choices=["auto", "flex", "sdpa", "local"],
+                        help="train.attention choices to time for megatron (the first also gives the reference "
+                             "log-probs); auto is labelled plain 'megatron'")
+    parser.add_argument("--profile", metavar="DIR", help="also profile one call of each backend (torch.profiler: "
+                                                          "by kernel and by module) into DIR")
+    parser.add_argument("--max-tokens", type=int, default=None,
+                        help="train.max_tokens_per_micro_batch for megatron (default: --micro-batch sequences)")
     return parser.parse_args()
 
 

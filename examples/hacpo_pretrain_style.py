@@ -42,7 +42,8 @@ def model_provider(cfg: Config):
     """Returns the function that builds an agent's model on this rank and gives it initial weights."""
 
     def provide(agent_cfg: AgentConfig, parallel: AgentParallel, hf_config: Dict[str, Any], seed: int) -> AgentModel:
-        agent = build_agent_model(hf_config, parallel, seed=seed, params_dtype=PARAMS_DTYPES[cfg.train.params_dtype])
+        agent = build_agent_model(hf_config, parallel, seed=seed, params_dtype=PARAMS_DTYPES[cfg.train.params_dtype],
+                                  attention=cfg.train.attention)
         state = initial_weights(cfg, agent_cfg, parallel, hf_config, seed)
         if state is not None:
             load_hf_state_dict_into_model(agent.model, state, hf_config, parallel)

@@ -8,8 +8,14 @@
 #
 # Stages (each bounded by a timeout, each writing its log into $OUT, none stopping the next):
 #   bench      benchmarks/bench_megatron.py: log-prob pass and training update of the tiny agent and of
-#              Qwen3-1.7B's shape (random init, bf16) against transformers on the same GPU, with MFU against a
-#              bf16 GEMM timed in the same run. Alone on the GPU: it is the only timed stage besides transport.
+#              Qwen3-1.7B's shape (random init, bf16) against transformers on the same GPU (bf16 weights, and the
+#              like-for-like peer: fp32 weights under bf16 autocast, fused AdamW), with MFU against a bf16 GEMM
+#              timed in the same run; megatron with every train.attention kernel (KERNELS). Alone on the GPU: it
+#              is the only timed stage besides transport.
+#   profile    the same at Qwen3-1.7B's shape, one call of each backend under torch.profiler: top kernels and
+#              modules by device time ($OUT/profile/*.txt)
+#   before     bench at Qwen3-1.7B's shape from the code before issue 42 (.gpu/before: `git archive 45babae
+#              hacpo_megatron benchmarks | tar x -C .gpu/before`, carried with the call), in the same lease
 #   run        the default config end to end (embedded engines on the GPU, NCCL/gloo as the machine allows),
 #              a checkpoint, then --resume for two more steps; nvidia-smi samples GPU memory meanwhile.
 #   tests      the unit, model, layout and trainer tests on CUDA.
@@ -44,11 +50,26 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -c "import torch, transformers, megatron.core, ray; print('torch', torch.__version__, 'cuda', torch.version.cuda,
   'transformers', transformers.__version__, 'megatron-core', megatron.core.__version__, 'ray', ray.__version__)"
 
+SHAPE="--sequences 32 --prompt-length 128 --response-length 384 --micro-batch 8"
 bench() {
   say "bench"
-  timeout "${BENCH_S:-150}" python3 benchmarks/bench_megatron.py --models tiny qwen3-1.7b --sequences 32 --prompt-length 128 \
-    --response-length 384 --micro-batch 8 --repeats 3 --warmup 1 --json "$OUT/bench.json" >"$OUT/bench.log" 2>&1
-  echo "bench rc $?"; tail -n 25 "$OUT/bench.log"
+  timeout "${BENCH_S:-240}" python3 benchmarks/bench_megatron.py --models tiny qwen3-1.7b $SHAPE --repeats 3 --warmup 1 \
+    --attention ${KERNELS:-auto local sdpa flex} --json "$OUT/bench.json" >"$OUT/bench.log" 2>&1
+  echo "bench rc $?"; tail -n 30 "$OUT/bench.log"
+}
+
+profile() {
+  say "profile"
+  timeout "${PROFILE_S:-180}" python3 benchmarks/bench_megatron.py --models qwen3-1.7b $SHAPE --repeats 1 --warmup 1 \
+    --attention ${KERNELS:-auto local} --profile "$OUT/profile" >"$OUT/profile.log" 2>&1
+  echo "profile rc $?"; tail -n 5 "$OUT/profile.log"; head -n 45 "$OUT"/profile/*_train.txt
+}
+
+before() {
+  say "before (the code of .gpu/before)"
+  (cd .gpu/before && PYTHONPATH="$SITE:$PWD" timeout "${BEFORE_S:-150}" python3 benchmarks/bench_megatron.py \
+    --models qwen3-1.7b $SHAPE --repeats 3 --warmup 1 --json "$OUT/bench_before.json") >"$OUT/bench_before.log" 2>&1
+  echo "before rc $?"; tail -n 12 "$OUT/bench_before.log"
 }
 
 run() {
@@ -96,7 +117,7 @@ for stage in $STAGES; do
     run+transport) run >"$OUT/together_run.txt" & transport; wait; cat "$OUT/together_run.txt"; rm -f "$OUT/together_run.txt" ;;
     together) run >"$OUT/together_run.txt" & tests >"$OUT/together_tests.txt"; wait
               cat "$OUT/together_run.txt" "$OUT/together_tests.txt"; rm -f "$OUT"/together_*.txt ;;
-    bench|run|tests|transport|staleness) $stage ;;
+    bench|profile|before|run|tests|transport|staleness) $stage ;;
     *) echo "unknown stage $stage" ;;
   esac
 done

@@ -315,6 +315,11 @@ def _validate(cfg: Config, where: _Where, errors: List[str]) -> None:
                f"{a.name} learner trains on per step ({sources} source(s) x data.prompt_batch_size="
                f"{d.prompt_batch_size} x {spec.samples_multiplier}); got {t.mini_batch_size}")
     _check(t.micro_batch_size >= 1, errors, where, ("train", "micro_batch_size"), "must be >= 1")
+    _check(t.max_tokens_per_micro_batch is None or t.max_tokens_per_micro_batch >= 1, errors, where,
+           ("train", "max_tokens_per_micro_batch"), "must be >= 1 or null")
+    _check(t.attention != "flex" or cfg.run.mode == "rollout_only" or _has_cuda(), errors, where,
+           ("train", "attention"), "flex trains only on a GPU (torch's FlexAttention has no CPU backward); "
+           "use auto, sdpa or local here")
     _check(t.cpu_threads is None or t.cpu_threads >= 1, errors, where, ("train", "cpu_threads"), "must be >= 1 or null")
     _check(t.lr > 0, errors, where, ("train", "lr"), f"must be > 0, got {t.lr}")
     _check(0 <= t.min_lr <= t.lr, errors, where, ("train", "min_lr"), "must be in [0, lr]")
@@ -440,3 +445,9 @@ def config_to_dict(cfg: Config) -> Dict[str, Any]:
 def dump_config(cfg: Config, path: str) -> None:
     with open(path, "w") as f:
         yaml.safe_dump(config_to_dict(cfg), f, sort_keys=False)
+
+
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()

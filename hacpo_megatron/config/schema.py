@@ -146,6 +146,13 @@ class TrainConfig:
     # each response attends to it and to itself only (exact; models/logprobs.py). Applies where the attention
     # takes a mask (megatron's local layers); with Transformer Engine's, one sequence per row as with false.
     share_prompts: bool = True
+    # The core attention's kernel (models/attention.py): local (megatron's unfused attention on plain rows),
+    # sdpa (torch's fused SDPA: flash/cuDNN on a GPU), flex (FlexAttention: one kernel for every mask; no CPU
+    # backward), auto (a GPU: SDPA where rows are plain causal, FlexAttention otherwise; a CPU: local).
+    attention: Literal["auto", "flex", "sdpa", "local"] = "auto"
+    # A token budget per micro-batch (verl's ppo_max_token_len_per_gpu): sequences packed end to end up to this many
+    # tokens instead of micro_batch_size padded rows (no padding FLOPs; the update is the same). None: off.
+    max_tokens_per_micro_batch: Optional[int] = None
     lr: float = 1e-6
     min_lr: float = 0.0
     lr_warmup_steps: int = 0

@@ -333,8 +333,8 @@ def layer_spec(arch: Architecture, *, use_transformer_engine: Optional[bool] = N
         use_transformer_engine = transformer_engine_available()
     if use_transformer_engine:
         return get_gpt_layer_with_transformer_engine_spec(qk_layernorm=arch.qk_layernorm)
-    from hacpo_megatron.models.attention import SharedPromptAttention
+    from hacpo_megatron.models.attention import CoreAttention
 
     spec = get_gpt_layer_local_spec(qk_layernorm=arch.qk_layernorm, normalization="RMSNorm")
-    spec.submodules.self_attention.submodules.core_attention = SharedPromptAttention
+    spec.submodules.self_attention.submodules.core_attention = CoreAttention
     return spec

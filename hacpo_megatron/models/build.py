@@ -23,6 +23,7 @@ from hacpo_megatron.models.architectures import (
     transformer_config,
     transformer_engine_available,
 )
+from hacpo_megatron.models.attention import resolve_attention
 from hacpo_megatron.models.presets import fewer_kv_heads_than_tp
 from hacpo_megatron.parallel.groups import AgentParallel
 
@@ -49,6 +50,9 @@ class AgentModel:
     # ignores it) and the unfused RoPE takes per-row positions, so responses can share their prompt's row
     # (models/logprobs.py); Transformer Engine's layers are not set up for that here
     takes_attention_mask: bool = False
+    # the core attention's kernel (models/attention.py: local, sdpa, flex, or auto-gpu), `train.attention` resolved
+    # for this device; Transformer Engine's layers have their own
+    attention: str = "local"
 
     @property
     def config(self) -> Any:
@@ -97,12 +101,13 @@ def build_agent_model(
     seed: int = 1234,
     params_dtype: Optional[torch.dtype] = None,
     use_transformer_engine: Optional[bool] = None,
+    attention: str = "auto",
     **config_overrides: Any,
 ) -> AgentModel:
     """This rank's part of the agent's GPTModel, randomly initialised (load weights afterwards).
 
     Call only on the agent's members; not collective beyond the agent (tied embeddings with PP > 1
-    all-reduce the output-layer copy over the agent's embedding group).
+    all-reduce the output-layer copy over the agent's embedding group). `attention`: `train.attention`.
     """
     cpu_compat.apply()
     from megatron.core.models.gpt import GPTModel
@@ -144,11 +149,17 @@ def build_agent_model(
         # What megatron's Float16Module does to a bf16/fp16 model: every parameter in that dtype, the norm
         # weights too (torch's RMSNorm is created in the default fp32).
         model.to(config.params_dtype)
+    device = torch.device("cpu")
     if torch.cuda.is_available():
-        model.cuda(torch.cuda.current_device())
+        device = torch.device("cuda", torch.cuda.current_device())
+        model.cuda(device)
+    if use_transformer_engine and attention != "auto":
+        raise ValueError(f"train.attention: {attention} applies to megatron's local layers; with Transformer Engine "
+                         "its own fused attention runs (leave it auto)")
     return AgentModel(model=model, arch=arch, parallel=parallel, padded_vocab_size=vocab,
                       takes_attention_mask=not (use_transformer_engine or config.apply_rope_fusion
-                                                 or config.masked_softmax_fusion))
+                                                 or config.masked_softmax_fusion),
+                      attention=resolve_attention(attention, device))
 
 
 def _apply_llama3_rope_scaling(model: Any, arch: Architecture) -> None:

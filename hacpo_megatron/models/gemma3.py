@@ -200,13 +200,13 @@ def _local_layer_spec():
     from megatron.core.transformer.mlp import MLP, MLPSubmodules
     from megatron.core.transformer.spec_utils import ModuleSpec
 
-    from hacpo_megatron.models.attention import SharedPromptAttention
+    from hacpo_megatron.models.attention import CoreAttention
 
     layer = ModuleSpec(module=Gemma3TransformerLayer, submodules=Gemma3LayerSubmodules(
         input_layernorm=Gemma3RMSNorm,
         self_attention=ModuleSpec(module=SelfAttention, params={"attn_mask_type": AttnMaskType.causal},
                                   submodules=SelfAttentionSubmodules(
-                                      linear_qkv=ColumnParallelLinear, core_attention=SharedPromptAttention,
+                                      linear_qkv=ColumnParallelLinear, core_attention=CoreAttention,
                                       linear_proj=RowParallelLinear, q_layernorm=Gemma3RMSNorm,
                                       k_layernorm=Gemma3RMSNorm)),
         self_attn_bda=get_bias_dropout_add,

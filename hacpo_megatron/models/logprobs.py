@@ -3,15 +3,16 @@
 The math (`token_logprobs_from_logits`) is separate from the plumbing:
 
     sequences (prompt ids, response ids)  ->  micro-batches    ->  bounded memory per forward
-                                          ->  pack_sequences   ->  padded rows (optionally one per prompt)
+                                          ->  pack_sequences   ->  rows of documents (a prompt, its responses)
                                           ->  megatron's pipeline schedule (forward_step below)
                                           ->  last stage: vocab-parallel log-softmax at the response tokens
                                           ->  broadcast to every pipeline stage
                                           ->  SequenceLogProbs: per-token [N, T], sums, lengths
 
 Rows are right-padded. Under the causal mask a real token attends only to earlier positions,
-which are all real, so padding never enters a real token's context and no extra mask is needed.
-Rows with shared prompts carry their own mask (PackedBatch).
+which are all real, so padding never enters a real token's context. Rows of shared prompts or of several
+sequences packed end to end say per token who sees whom (PackedBatch.token_layout); the agent's attention
+kernel (models/attention.py, `train.attention`) computes exactly that.
 
 Temperature: rollout engines (vLLM, SGLang) sample from softmax(logits / T), so the log-probs of
 those samples, old and new, are log_softmax(logits / T).
@@ -27,6 +28,7 @@ import torch
 import torch.distributed as dist
 
 from hacpo_megatron.models import cpu_compat
+from hacpo_megatron.models.attention import Document, TokenLayout, attention_over
 from hacpo_megatron.models.build import AgentModel
 
 PromptResponse = Tuple[Sequence[int], Sequence[int]]  # (prompt token ids, response token ids)
@@ -111,29 +113,48 @@ class TargetLogProb(torch.autograd.Function):
 # ------------------------------------------------------------------------------------------------
 @dataclass
 class PackedBatch:
-    """Sequences laid out in right-padded rows, one sequence per row or, with shared prompts, all the
-    sequences of one prompt in one row: the prompt once, then each response in turn.
+    """Sequences laid out in right-padded rows of documents: a document is a prompt followed by one response or,
+    with shared prompts, by every response to it (the prompt once); a row holds one document or, packed to a
+    token budget, several end to end.
 
-    A row [prompt, response 1, response 2, ...] computes the prompt once for all its responses. Each
-    response sees the prompt and its own earlier tokens and nothing else (`attention_mask`), and its
-    tokens keep the positions they have in the plain sequence (prompt 0..P-1, every response P..P+L-1:
-    `position_ids`, which RoPE reads through `rotary_at_positions`). So every response token gets the
-    log-prob it gets in a row of its own, up to the order of floating-point sums.
+    A document [prompt, response 1, response 2, ...] computes the prompt once for all its responses. Each
+    response sees the prompt and its own earlier tokens and nothing else, no token sees another document
+    (`token_layout`, which models/attention.py turns into each kernel's mask), and every token keeps the position
+    it has in its plain sequence (prompt 0..P-1, every response P..P+L-1: `position_ids`, which RoPE reads through
+    `rotary_at_positions`). So every response token gets the log-prob it gets in a row of its own, up to the
+    order of floating-point sums.
     """
 
     tokens: torch.Tensor  # [rows, S] long, padded with `pad_id`
-    position_ids: torch.Tensor  # [rows, S]
-    attention_mask: Optional[torch.Tensor]  # [rows, 1, S, S] bool, True: may not attend. None: causal
+    token_layout: TokenLayout  # per token: document, segment, position (on the CPU; .to(device) for a forward)
     logit_rows: torch.Tensor  # [T] the row and ...
     logit_positions: torch.Tensor  # [T] ... the position whose logits predict each response token
     targets: torch.Tensor  # [T] the response tokens: sequence by sequence, token by token
     response_lengths: torch.Tensor  # [n]
     indices: torch.Tensor  # [n] positions in the caller's list of the sequences, in `targets`' order
-    layout: List[Tuple[int, List[int]]]  # per row: (prompt length, response lengths)
 
     @property
     def num_sequences(self) -> int:
         return len(self.indices)
+
+    @property
+    def position_ids(self) -> torch.Tensor:
+        """[rows, S] each token's position in its plain sequence."""
+        return self.token_layout.position
+
+    @property
+    def documents(self) -> List[Document]:
+        return self.token_layout.documents
+
+    @property
+    def layout(self) -> List[Tuple[int, List[int]]]:
+        """Per document: (prompt length, response lengths), what its FLOPs depend on."""
+        return [(d.prompt_length, list(d.response_lengths)) for d in self.documents]
+
+    def attention_mask(self) -> Optional[torch.Tensor]:
+        """[rows, 1, S, S] bool, True: may not attend (None: every row one plain sequence, the causal mask).
+        A dense reference for tests; no kernel builds it."""
+        return None if self.token_layout.plain else ~self.token_layout.visible()
 
     def response_logprobs(self, token_logprobs: torch.Tensor, max_response_length: int) -> torch.Tensor:
         """[T] log-probs of the response tokens -> [n, max_response_length] (0 at padding)."""
@@ -144,69 +165,109 @@ class PackedBatch:
         return out.masked_scatter(valid, token_logprobs)
 
 
-# A shared-prompt row grows to at most this many tokens (or one sequence's length, if longer); then the prompt
-# starts another row. The row's mask, and megatron's attention where no block layout is active
-# (models/attention.py), hold [S, S] per row.
+# A shared-prompt document grows to at most this many tokens (or one sequence's length, if longer) where no token
+# budget bounds it; then the prompt starts another document. Keeps a micro-batch's widest row near its others.
 MAX_SHARED_ROW_TOKENS = 2048
 
 
 def pack_sequences(sequences: Sequence[PromptResponse], indices: Sequence[int], pad_id: int = 0, *,
-                   share_prompts: bool = False) -> PackedBatch:
-    """Right-pad `sequences[i] for i in indices` into rows: one per sequence, or with `share_prompts` one per
-    distinct prompt (in order of first appearance; more while a row would pass MAX_SHARED_ROW_TOKENS),
-    holding every response to it."""
-    rows: List[Tuple[List[int], List[int]]] = []  # (prompt, the sequences in its row)
-    widths: List[int] = []  # tokens in each row
-    open_row: Dict[Tuple[int, ...], int] = {}  # prompt -> its row that takes more responses
+                   share_prompts: bool = False, row_tokens: Optional[int] = None) -> PackedBatch:
+    """Right-pad `sequences[i] for i in indices` into rows of documents.
+
+    Documents: one per sequence, or with `share_prompts` one per distinct prompt (in order of first appearance;
+    another while one would pass `row_tokens` or MAX_SHARED_ROW_TOKENS) holding every response to it. Rows: one
+    per document, or with `row_tokens` (a token budget) documents end to end, a new row when the next one would
+    pass the budget (a document longer than the budget has a row of its own): no padding but the last row's.
+    """
+    limit = row_tokens or MAX_SHARED_ROW_TOKENS
+    groups: List[Tuple[List[int], List[int]]] = []  # (prompt, the sequences of its document)
+    widths: List[int] = []  # tokens in each document
+    open_group: Dict[Tuple[int, ...], int] = {}  # prompt -> its document that takes more responses
     for i in indices:
         prompt, response = sequences[i]
         if not prompt:
             raise ValueError("every sequence needs at least one prompt token (the first response token's context)")
-        row = open_row.get(tuple(prompt)) if share_prompts else None
-        if row is not None and widths[row] + len(response) <= MAX_SHARED_ROW_TOKENS:
-            rows[row][1].append(i)
-            widths[row] += len(response)
+        g = open_group.get(tuple(prompt)) if share_prompts else None
+        if g is not None and widths[g] + len(response) <= limit:
+            groups[g][1].append(i)
+            widths[g] += len(response)
         else:
-            open_row[tuple(prompt)] = len(rows)
-            rows.append((list(prompt), [i]))
+            open_group[tuple(prompt)] = len(groups)
+            groups.append((list(prompt), [i]))
             widths.append(len(prompt) + len(response))
-    width = max(widths)
-    shared = any(len(members) > 1 for _, members in rows)
 
-    tokens = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    position_ids = torch.arange(width).repeat(len(rows), 1)
-    segment = torch.full((len(rows), width), -1, dtype=torch.long)  # 0 prompt, a + 1 response a, -1 padding
-    logit_rows, logit_positions, targets, order, layout = [], [], [], [], []
-    for row, (prompt, members) in enumerate(rows):
+    places: List[Tuple[int, int]] = []  # (row, start) of each document
+    fill: List[int] = []  # tokens in each row
+    for width in widths:
+        if row_tokens is not None and fill and fill[-1] + width <= row_tokens:
+            places.append((len(fill) - 1, fill[-1]))
+            fill[-1] += width
+        else:
+            places.append((len(fill), 0))
+            fill.append(width)
+
+    tokens = torch.full((len(fill), max(fill)), pad_id, dtype=torch.long)
+    logit_rows, logit_positions, targets, order, documents = [], [], [], [], []
+    for (prompt, members), (row, start) in zip(groups, places):
         P = len(prompt)
-        tokens[row, :P] = torch.tensor(prompt)
-        segment[row, :P] = 0
-        start = P
-        for a, i in enumerate(members):
+        tokens[row, start:start + P] = torch.tensor(prompt)
+        offset = start + P
+        for i in members:
             response = list(sequences[i][1])
             L = len(response)
-            tokens[row, start:start + L] = torch.tensor(response, dtype=torch.long)
-            position_ids[row, start:start + L] = torch.arange(P, P + L)
-            segment[row, start:start + L] = a + 1
+            tokens[row, offset:offset + L] = torch.tensor(response, dtype=torch.long)
             # token 0 is predicted by the prompt's last position, token j > 0 by the response's token j - 1
-            logit_positions += [P - 1] + list(range(start, start + L - 1))
+            logit_positions += [start + P - 1] + list(range(offset, offset + L - 1))
             logit_rows += [row] * L
             targets += response
             order.append(i)
-            start += L
-        layout.append((P, [len(sequences[i][1]) for i in members]))
-    attention_mask = None
-    if shared:
-        causal = torch.ones(width, width, dtype=torch.bool).tril()
-        visible = (segment[:, None, :] == 0) | (segment[:, None, :] == segment[:, :, None])  # [rows, query, key]
-        attention_mask = ~(causal & visible).unsqueeze(1)
+            offset += L
+        documents.append(Document(row, start, P, tuple(len(sequences[i][1]) for i in members)))
     return PackedBatch(
-        tokens=tokens, position_ids=position_ids, attention_mask=attention_mask,
+        tokens=tokens, token_layout=TokenLayout.of_documents(documents, *tokens.shape),
         logit_rows=torch.tensor(logit_rows, dtype=torch.long), logit_positions=torch.tensor(logit_positions, dtype=torch.long),
         targets=torch.tensor(targets, dtype=torch.long),
         response_lengths=torch.tensor([len(sequences[i][1]) for i in order], dtype=torch.long),
-        indices=torch.tensor(order, dtype=torch.long), layout=layout,
+        indices=torch.tensor(order, dtype=torch.long),
     )
+
+
+def token_budget_groups(sequences: Sequence[PromptResponse], budget: int, *, share_prompts: bool) -> List[List[int]]:
+    """Micro-batches of sequence indices whose tokens, packed end to end (`pack_sequences(row_tokens=budget)`),
+    fill at most `budget` tokens: verl's dynamic batch size (`ppo_max_token_len_per_gpu`). With `share_prompts`
+    the sequences of one prompt are next to each other and their prompt counts once per micro-batch. A sequence
+    longer than the budget is a micro-batch of its own."""
+    if budget < 1:
+        raise ValueError(f"the token budget must be >= 1, got {budget}")
+    order = prompt_grouped(sequences, None)[0] if share_prompts else list(range(len(sequences)))
+    groups: List[List[int]] = []
+    used, prompts = 0, set()
+    for i in order:
+        prompt, response = sequences[i]
+        key = tuple(prompt)
+        cost = len(response) + (0 if share_prompts and key in prompts else len(prompt))
+        if groups and used + cost <= budget:
+            groups[-1].append(i)
+            used += cost
+        else:
+            groups.append([i])
+            used, prompts = len(prompt) + len(response), set()
+        prompts.add(key)
+    return groups
+
+
+def packed_micro_batches(sequences: Sequence[PromptResponse], *, max_sequences: Optional[int],
+                         max_tokens: Optional[int], share_prompts: bool, pad_id: int = 0) -> List[PackedBatch]:
+    """`sequences` as the micro-batches of one pass: packed to a token budget (`max_tokens`), or
+    <= max_sequences sequences each (in prompt order with `share_prompts`, by length without)."""
+    if max_tokens is not None:
+        groups = token_budget_groups(sequences, max_tokens, share_prompts=share_prompts)
+    elif share_prompts:
+        groups = prompt_grouped(sequences, max_sequences)
+    else:
+        groups = micro_batch_indices([len(p) + len(r) for p, r in sequences], max_sequences=max_sequences)
+    return [pack_sequences(sequences, group, pad_id, share_prompts=share_prompts, row_tokens=max_tokens)
+            for group in groups]
 
 
 def prompt_grouped(sequences: Sequence[PromptResponse], max_sequences: Optional[int]) -> List[List[int]]:
@@ -274,8 +335,6 @@ def make_forward_step(agent: AgentModel, *, temperature: float = 1.0,
     On the last stage the logits become the log-probs of the response tokens; with `loss_fn` those feed
     the loss (training), without it they are returned as the micro-batch's result (inference).
     """
-    from hacpo_megatron.models.attention import attention_blocks, blocked_attention
-
     tp_group = agent.parallel.tp_group
 
     def loss_func(micro_batch: PackedBatch, response_logits: torch.Tensor) -> Tuple[Any, ...]:
@@ -293,15 +352,13 @@ def make_forward_step(agent: AgentModel, *, temperature: float = 1.0,
     def forward_step(data_iterator: Iterator[PackedBatch], model: Any) -> Tuple[torch.Tensor, Callable]:
         micro_batch = next(data_iterator)
         device = _model_device(model)
-        mask = micro_batch.attention_mask
-        if mask is not None and not agent.takes_attention_mask:
-            raise ValueError(f"{agent.parallel.name}: shared-prompt rows need an attention that takes a mask "
-                             "(megatron's local layers, unfused softmax and RoPE)")
-        shared = mask is not None
-        with rotary_at_positions(model, micro_batch.position_ids.to(device) if shared else None), \
-                blocked_attention(attention_blocks(micro_batch.layout, device) if shared else None):
-            output = model(micro_batch.tokens.to(device), micro_batch.position_ids.to(device),
-                           attention_mask=mask.to(device) if shared else None,
+        layout = micro_batch.token_layout.to(device)
+        if not layout.plain and not agent.takes_attention_mask:
+            raise ValueError(f"{agent.parallel.name}: shared-prompt or packed rows need the project's core attention "
+                             "(megatron's local layers, unfused RoPE); Transformer Engine's takes one sequence a row")
+        with rotary_at_positions(model, None if layout.plain else layout.position), \
+                attention_over(layout, agent.attention):
+            output = model(micro_batch.tokens.to(device), layout.position, attention_mask=None,
                            output_processor=_response_positions_logits,
                            output_processor_context=(micro_batch.logit_rows.to(device),
                                                      micro_batch.logit_positions.to(device)))
@@ -394,19 +451,17 @@ def compute_sequence_logprobs(
     """Per-token log-probs of every response under `agent`, on every rank of its model replica.
 
     Collective over the agent's TP x PP ranks holding this data-parallel replica; each DP replica
-    passes its own sequences. Runs in eval mode (no dropout). `share_prompts`: the responses to one prompt
-    share a row (PackedBatch), micro-batches of <= max_sequences_per_micro_batch sequences in prompt order;
-    otherwise one row per sequence, micro-batches by length (also bounded by max_tokens_per_micro_batch).
+    passes its own sequences. Runs in eval mode (no dropout). Micro-batches: with `max_tokens_per_micro_batch`,
+    sequences packed end to end up to that many tokens (token_budget_groups: no padding FLOPs); otherwise
+    <= max_sequences_per_micro_batch sequences, in prompt order with `share_prompts` (the responses to one prompt
+    share a document, PackedBatch), by length without.
     """
     if not sequences:
         empty = torch.zeros(0, 0)
         return SequenceLogProbs(empty, empty.bool(), torch.zeros(0), torch.zeros(0, dtype=torch.long))
-    if share_prompts:
-        groups = prompt_grouped(sequences, max_sequences_per_micro_batch)
-    else:
-        groups = micro_batch_indices([len(p) + len(r) for p, r in sequences], max_sequences=max_sequences_per_micro_batch,
-                                     max_tokens=max_tokens_per_micro_batch)
-    micro_batches = [pack_sequences(sequences, group, pad_id, share_prompts=share_prompts) for group in groups]
+    micro_batches = packed_micro_batches(sequences, max_sequences=max_sequences_per_micro_batch,
+                                         max_tokens=max_tokens_per_micro_batch, share_prompts=share_prompts,
+                                         pad_id=pad_id)
     lengths = torch.tensor([len(r) for _, r in sequences], dtype=torch.long)
     max_response = max(1, int(lengths.max()))
     was_training = agent.model.training

@@ -327,8 +327,9 @@ def _engine_trainer_logprob_gap(completions, old: OldLogProbs) -> Dict[str, floa
     return {"rollout/logprob_diff_max": max(gaps), "rollout/logprob_diff_mean": float(np.mean(gaps))}
 
 
-# Per-update values whose mean over a step says nothing: the step's record shows the last update's.
+# Per-update values whose mean over a step says nothing: the step's record shows the last update's, or the largest.
 LAST_UPDATE_KEYS = ("cross_clip_lower_bound", "update_index")
+LARGEST_OVER_UPDATES_KEYS = ("micro_batch_tokens_max",)
 
 
 def _mean_over_updates(updates: List[Dict[str, float]]) -> Dict[str, float]:
@@ -336,6 +337,8 @@ def _mean_over_updates(updates: List[Dict[str, float]]) -> Dict[str, float]:
     values = {key: [u.get(key, float("nan")) for u in updates] for key in keys}
     out = {key: float(np.nanmean(v)) if any(np.isfinite(v)) else float("nan") for key, v in values.items()}
     out.update({key: float(updates[-1].get(key, float("nan"))) for key in LAST_UPDATE_KEYS if key in keys})
+    out.update({key: float(np.nanmax(values[key])) for key in LARGEST_OVER_UPDATES_KEYS
+                if key in keys and any(np.isfinite(values[key]))})
     out["num_updates"] = float(len(updates))
     return out
 
@@ -378,6 +381,7 @@ def _agent_logprobs(trainer: AgentTrainer, model: Optional[AgentModel], sequence
 
         result = compute_sequence_logprobs(model, mine, temperature=trainer.hp.temperature,
                                            max_sequences_per_micro_batch=trainer.hp.micro_batch_size,
+                                           max_tokens_per_micro_batch=trainer.hp.max_tokens_per_micro_batch,
                                            share_prompts=trainer.share_prompts)
     tokens = [result.token_logprobs[i, : int(result.lengths[i])].tolist() for i in range(len(mine))]
     if parallel.dp_size == 1:
@@ -432,7 +436,7 @@ def _hyperparams(cfg: Config, agent_cfg) -> TrainHyperparams:
         temperature=cfg.rollout.temperature, clip_low=a.clip_low, clip_high=a.clip_high,
         grpo_clip_low=a.grpo_clip_low, grpo_clip_high=a.grpo_clip_high, alpha=a.alpha, delta=a.delta,
         delta_step=a.delta_step, cross_clip_fit_quantile=a.cross_clip_fit_quantile, kl_coef=a.kl_coef,
-        share_prompts=t.share_prompts)
+        share_prompts=t.share_prompts, max_tokens_per_micro_batch=t.max_tokens_per_micro_batch)
 
 
 def _reporter(cfg: Config, agents: Agents, options: RunOptions, start_step: int):

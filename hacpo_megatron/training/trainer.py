@@ -46,6 +46,7 @@ from hacpo_megatron.models.logprobs import (
     make_forward_step,
     pack_sequences,
     run_schedule,
+    token_budget_groups,
 )
 from hacpo_megatron.parallel.groups import world_collectives_within
 from hacpo_megatron.training.batch import SequenceRow, data_parallel_shard, micro_batches, rows_with_gradient
@@ -77,6 +78,7 @@ class TrainHyperparams:
     cross_clip_fit_quantile: Optional[float] = None  # beyond the paper: see AgentTrainer.cross_clip_fitted
     kl_coef: float = 0.0
     share_prompts: bool = True  # the responses to one prompt share a row, the prompt computed once (exact)
+    max_tokens_per_micro_batch: Optional[int] = None  # a token budget: sequences packed end to end (no padding)
 
 
 def time_gemm_peaks_in_turn(trainers: Sequence["AgentTrainer"]) -> None:
@@ -98,6 +100,24 @@ def _finalize_grads(model_chunks, num_tokens, *, pg_collection, force_all_reduce
     from megatron.core.distributed import finalize_model_grads
 
     finalize_model_grads(model_chunks, None, pg_collection=pg_collection, force_all_reduce=force_all_reduce)
+
+
+def use_fused_torch_adam(optimizer) -> int:
+    """Switch torch's Adam inside megatron's optimizer to its fused kernel; how many optimizers were switched.
+
+    Without Transformer Engine or Apex, megatron-core 0.19 builds torch.optim.AdamW with torch's defaults (on a GPU
+    the multi-tensor `foreach` implementation: a few kernels per parameter group and step); `fused` is one kernel for
+    the whole update, what TE's and Apex's FusedAdam give megatron elsewhere. Before the first step only (the
+    states are created on the parameters' device then, as the fused kernel wants its step counters).
+    """
+    switched = 0
+    for member in getattr(optimizer, "chained_optimizers", [optimizer]):
+        inner = getattr(member, "optimizer", member)
+        if type(inner) in (torch.optim.Adam, torch.optim.AdamW) and not inner.state:
+            for group in [inner.defaults, *inner.param_groups]:
+                group.update(fused=True, foreach=False)
+            switched += 1
+    return switched
 
 
 class AgentTrainer:
@@ -133,6 +153,8 @@ class AgentTrainer:
                 use_gloo_process_groups=False,
                 pg_collection=agent.parallel.pg_collection,
             )
+        if on_gpu:
+            use_fused_torch_adam(self.optimizer)
         decay_steps = max(hp.total_steps, hp.lr_warmup_steps + 1)
         self.scheduler = OptimizerParamScheduler(
             self.optimizer, init_lr=0.0 if hp.lr_warmup_steps else hp.lr, max_lr=hp.lr, min_lr=hp.min_lr,
@@ -146,9 +168,12 @@ class AgentTrainer:
         self.cross_clip_fitted: Optional[float] = None
         self._step_ratio_histogram: Optional[torch.Tensor] = None
         self._gemm_peak: Optional[float] = None
-        # Shared-prompt rows need an attention that takes a mask and per-row RoPE positions: megatron's local
-        # layers. With Transformer Engine's, every sequence gets a row of its own (models/logprobs.py).
+        # Shared-prompt and packed rows need the project's core attention and per-row RoPE positions: megatron's
+        # local layers. With Transformer Engine's, every sequence gets a row of its own (models/logprobs.py).
         self.share_prompts = hp.share_prompts and agent.takes_attention_mask
+        if hp.max_tokens_per_micro_batch is not None and not agent.takes_attention_mask:
+            raise ValueError("train.max_tokens_per_micro_batch packs sequences into shared rows, which Transformer "
+                             "Engine's layers here do not take; leave it null with them")
 
     @property
     def gemm_peak(self) -> float:
@@ -166,7 +191,7 @@ class AgentTrainer:
         return compute_sequence_logprobs(
             self.agent, sequences, temperature=self.hp.temperature,
             max_sequences_per_micro_batch=max_sequences_per_micro_batch or self.hp.micro_batch_size,
-            share_prompts=self.share_prompts,
+            max_tokens_per_micro_batch=self.hp.max_tokens_per_micro_batch, share_prompts=self.share_prompts,
         )
 
     # ------------------------------------------------------------------------------ training
@@ -198,9 +223,7 @@ class AgentTrainer:
         start = time.perf_counter()
         computed = rows_with_gradient(mini_batch, kl_coef=self.hp.kl_coef)  # zero-advantage rows: no gradient
         shard = data_parallel_shard(computed, self.parallel.dp_rank, self.parallel.dp_size)
-        chunks = micro_batches(shard, self.hp.micro_batch_size)
-        packed = [pack_sequences([(r.prompt_ids, r.response_ids) for r in chunk], range(len(chunk)),
-                                 share_prompts=self.share_prompts) for chunk in chunks]
+        chunks, packed = self._micro_batches(shard)
         loss_fn = partial(self._micro_batch_loss, chunks=dict(zip(map(id, packed), chunks)), update_index=update_index,
                           global_seqs=global_seqs, global_own_seqs=global_own_seqs, global_tokens=global_tokens)
 
@@ -220,7 +243,7 @@ class AgentTrainer:
         # rows as the loss sees them: only HACPO's tells other agents' rows apart (Naive's GSPO takes them as own)
         num_cross = global_seqs - global_own_seqs if self.spec.policy_loss == "hacpo" else 0
         out.update(num_own=float(global_seqs - num_cross), num_cross=float(num_cross),
-                   num_skipped_zero_advantage=float(global_seqs - len(computed)))
+                   num_skipped_zero_advantage=float(global_seqs - len(computed)), **_packing_metrics(packed))
         if self.spec.policy_loss == "hacpo":
             out["cross_clip_lower_bound"] = cross_clip_lower_bound(update_index, self.hp.delta, self.hp.delta_step,
                                                                    stepwise=self.spec.stepwise_clip,
@@ -230,6 +253,21 @@ class AgentTrainer:
                    **{"perf/model_flops_per_s": flops_per_s, "perf/gemm_peak_flops_per_s": peak,
                       "perf/mfu": flops_per_s / peak})
         return out
+
+    def _micro_batches(self, rows: List[SequenceRow]):
+        """This replica's rows as micro-batches: (rows of each, PackedBatch of each). By `micro_batch_size` rows,
+        or with `max_tokens_per_micro_batch` packed end to end up to that many tokens; the loss is the same either
+        way (each micro-batch adds its rows' share of the mini-batch's global mean)."""
+        budget = self.hp.max_tokens_per_micro_batch
+        if budget is None:
+            chunks = micro_batches(rows, self.hp.micro_batch_size)
+        else:
+            groups = token_budget_groups([(r.prompt_ids, r.response_ids) for r in rows], budget,
+                                         share_prompts=self.share_prompts)
+            chunks = [[rows[i] for i in group] for group in groups]
+        packed = [pack_sequences([(r.prompt_ids, r.response_ids) for r in chunk], range(len(chunk)),
+                                 share_prompts=self.share_prompts, row_tokens=budget) for chunk in chunks]
+        return chunks, packed
 
     def _finalize_without_data(self) -> list:
         self.agent.config.finalize_model_grads_func([self.ddp_model], None)
@@ -319,6 +357,15 @@ RATIO_HISTOGRAM = "cross_log_ratio_histogram"  # counts of the other agents' log
 # fractions of the other agents' rows: below / above the cross clip; with a positive advantage; and those that also
 # pass the clip (the other agents' good answers that moved the learner)
 CROSS_FRACTIONS = ("cross_clip_frac_lower", "cross_clip_frac_upper", "cross_positive_frac", "cross_positive_inside_frac")
+
+
+def _packing_metrics(packed: Sequence[PackedBatch]) -> Dict[str, float]:
+    """Tokens of this replica's largest micro-batch (rows x width, what one forward holds) and the share of
+    padding in all of them: the cost of micro-batching by rows, which a token budget removes."""
+    computed = [mb.tokens.numel() for mb in packed]
+    real = sum(int((mb.token_layout.document >= 0).sum()) for mb in packed)
+    return {"micro_batch_tokens_max": float(max(computed, default=0)),
+            "padding_frac": 1.0 - real / sum(computed) if computed else 0.0}
 
 
 def _weight(key: str, metrics: Dict[str, float], n: float) -> float:

@@ -162,6 +162,11 @@ def test_updates_per_step_follow_the_algorithm(tmp_path, overrides, message):
         ("rollout.max_staleness=-1", "rollout.max_staleness: must be >= 0"),
         ("run.mode=rollout_only;rollout.max_staleness=1", "run.mode 'rollout_only' has only one of them"),
         ("rollout.max_staleness=2;rollout.old_logprobs=engine", "must be trainer with rollout.max_staleness >= 1"),
+        ("train.max_tokens_per_micro_batch=4096", None),
+        ("train.max_tokens_per_micro_batch=0", "train.max_tokens_per_micro_batch: must be >= 1 or null"),
+        ("train.attention=sdpa", None),
+        ("train.attention=fast", "train.attention: 'fast' is not one of 'auto'"),
+        ("train.attention=flex", "flex trains only on a GPU"),  # these machines have none
     ],
 )
 def test_out_of_range_values_are_rejected(tmp_path, override, message):
@@ -176,6 +181,12 @@ def test_out_of_range_values_are_rejected(tmp_path, override, message):
         load_config(path, overrides)
     assert message in str(err.value)
     assert f"--set {overrides[-1]}" in str(err.value) or override.startswith("agents")
+
+
+def test_flex_attention_is_refused_only_where_it_would_train_on_a_cpu(tmp_path):
+    path = write(tmp_path, GOOD)
+    cfg = load_config(path, ["run.mode=rollout_only", "train.attention=flex"])  # no learner, no backward
+    assert cfg.train.attention == "flex"
 
 
 def test_overrides_set_any_key_by_index_or_agent_name(tmp_path):

@@ -115,6 +115,32 @@ def test_gradients_equal_transformers(gemma, layout, rows):
 
 @pytest.mark.distributed
 @pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("kernel", ["local", "sdpa", "flex"])
+@pytest.mark.parametrize("rows", ["logprobs", "packed_logprobs", "shared_logprobs", "shared_packed_logprobs"])
+def test_every_attention_kernel_honours_the_sliding_window(gemma, layout, kernel, rows):
+    """train.attention's kernels on sliding-window layers, on one sequence a row, shared prompts and rows packed to a
+    token budget (every document longer than the window): transformers' log-probs of each sequence alone."""
+    reference = gemma["ranks"][0]["hf_shared_logprobs" if rows.startswith("shared") else "hf_logprobs"]
+    logprobs = gemma["ranks"][0][layout]["kernels"][kernel][rows]
+    assert logprobs.lengths.tolist() == [len(r) for r in reference]
+    for i, expected in enumerate(reference):
+        assert max_diff(logprobs.token_logprobs[i, : len(expected)], expected) <= 1e-5, i
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("kernel", ["local", "sdpa"])
+def test_packed_shared_rows_give_transformers_gradients_on_sliding_window_layers(gemma, layout, kernel):
+    grads = gemma["ranks"][0][layout]["kernels"][kernel]["shared_packed_grads"]
+    reference = gemma["ranks"][0]["hf_shared_grads"]
+    assert set(grads) == set(reference)
+    for name in reference:
+        tolerance = 2e-5 + 1e-5 * reference[name].abs().max().item()  # as test_gradients_equal_transformers
+        assert max_diff(grads[name], reference[name]) <= tolerance, name
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("layout", LAYOUTS)
 def test_export_returns_the_loaded_weights_exactly(gemma, layout):
     hf_state, exported = gemma["ranks"][0]["hf_state"], gemma["ranks"][0][layout]["exported"]
     assert set(exported) == set(hf_state) - {"lm_head.weight"}
@@ -174,7 +200,7 @@ def test_blocked_attention_honours_the_sliding_window(window):
     key = torch.randn(width, rows, 2, 8, dtype=torch.float64, requires_grad=True)
     value = torch.randn(width, rows, 2, 8, dtype=torch.float64, requires_grad=True)
 
-    blocked = attend_in_blocks(query, key, value, attention_blocks(packed.layout), 0.3, window=window - 1)
+    blocked = attend_in_blocks(query, key, value, attention_blocks(packed.documents, rows), 0.3, window=window - 1)
     reference = _dense_reference(query, key, value, packed.position_ids, segments, 0.3, window)
     real = (segments >= 0).T
     assert torch.allclose(blocked[real], reference[real], atol=1e-12, rtol=0)
@@ -184,7 +210,7 @@ def test_blocked_attention_honours_the_sliding_window(window):
     for got, want in zip(grads, expected):
         assert torch.allclose(got, want, atol=1e-12, rtol=0)
     if window < 9:  # the window really cut something: without it the result differs
-        unwindowed = attend_in_blocks(query, key, value, attention_blocks(packed.layout), 0.3)
+        unwindowed = attend_in_blocks(query, key, value, attention_blocks(packed.documents, rows), 0.3)
         assert not torch.allclose(unwindowed[real], reference[real], atol=1e-6)
 
 

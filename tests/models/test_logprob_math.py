@@ -74,7 +74,7 @@ def test_pack_sequences_one_row_per_sequence_predicts_each_token_from_the_positi
     batch = pack_sequences([([1, 2], [3, 4, 5]), ([7], [8])], [0, 1], pad_id=0)
     assert batch.tokens.tolist() == [[1, 2, 3, 4, 5], [7, 8, 0, 0, 0]]
     assert batch.position_ids.tolist() == [[0, 1, 2, 3, 4], [0, 1, 2, 3, 4]]
-    assert batch.attention_mask is None  # plain causal attention
+    assert batch.attention_mask() is None  # plain causal attention
     assert batch.targets.tolist() == [3, 4, 5, 8]
     assert list(zip(batch.logit_rows.tolist(), batch.logit_positions.tolist())) == [(0, 1), (0, 2), (0, 3), (1, 0)]
     assert batch.layout == [(2, [3]), (1, [1])]
@@ -93,7 +93,7 @@ def test_pack_sequences_with_shared_prompts_puts_each_prompt_once_and_keeps_posi
     assert list(zip(batch.logit_rows.tolist(), batch.logit_positions.tolist())) == [
         (0, 1), (0, 2), (0, 1), (0, 4), (0, 5), (0, 1), (1, 0)]
     assert batch.layout == [(2, [2, 3, 1]), (1, [1])]
-    allowed = ~batch.attention_mask[:, 0]
+    allowed = ~batch.attention_mask()[:, 0]
     # response 2 ([5, 6, 7] at 4-6) sees the prompt (0-1) and itself, not response 1 (2-3) nor response 3 (7)
     assert allowed[0, 6].tolist() == [True, True, False, False, True, True, True, False]
     assert allowed[0, 7].tolist() == [True, True, False, False, False, False, False, True]
@@ -163,3 +163,33 @@ def test_qkv_is_interleaved_per_query_group():
     group0, group1 = full[:128], full[128:]
     assert group0[:64].eq(0).all() and group0[64:96].eq(1).all() and group0[96:].eq(2).all()
     assert group1[:64].eq(0.5).all() and group1[64:96].eq(1).all()
+
+
+def test_a_token_budget_packs_sequences_end_to_end_and_no_micro_batch_passes_it():
+    from hacpo_megatron.models.logprobs import token_budget_groups
+
+    sequences = [([1, 2], [3, 4, 5]), ([7], [8]), ([1, 2], [6]), ([9] * 4, [5] * 12), ([7], [2, 2])]
+    groups = token_budget_groups(sequences, 8, share_prompts=False)
+    assert groups == [[0, 1], [2], [3], [4]]  # 5 + 2; 3 (+ 16 would pass); 16 alone (longer than the budget); 3
+    shared = token_budget_groups(sequences, 8, share_prompts=True)
+    # in prompt order 0, 2, 1, 4, 3: [1, 2] once (2 + 3 + 1), then [7] (1 + 1) make 8; [7]'s [2, 2] would add 2
+    assert shared == [[0, 2, 1], [4], [3]]
+    for group in groups:
+        batch = pack_sequences(sequences, group, row_tokens=8)
+        assert batch.tokens.shape[0] == 1  # one row: the documents end to end
+        assert batch.tokens.shape[1] == sum(len(p) + len(r) for p, r in (sequences[i] for i in group))
+
+
+def test_pack_sequences_to_a_budget_keeps_each_document_its_positions_and_predictions():
+    sequences = [([1, 2], [3, 4]), ([7], [8]), ([1, 2], [5])]
+    batch = pack_sequences(sequences, [0, 1, 2], row_tokens=6)
+    # documents of 4, 2 and 3 tokens: 4 + 2 fill the first row, the third starts another
+    assert batch.tokens.tolist() == [[1, 2, 3, 4, 7, 8], [1, 2, 5, 0, 0, 0]]
+    assert batch.position_ids.tolist() == [[0, 1, 2, 3, 0, 1], [0, 1, 2, 3, 4, 5]]
+    assert [(d.row, d.start, d.prompt_length, d.response_lengths) for d in batch.documents] == [
+        (0, 0, 2, (2,)), (0, 4, 1, (1,)), (1, 0, 2, (1,))]
+    assert batch.targets.tolist() == [3, 4, 8, 5]
+    assert list(zip(batch.logit_rows.tolist(), batch.logit_positions.tolist())) == [(0, 1), (0, 2), (0, 4), (1, 1)]
+    allowed = ~batch.attention_mask()[0, 0]
+    assert allowed[5].tolist() == [False, False, False, False, True, True]  # [7, 8] sees only itself
+    assert batch.layout == [(2, [2]), (1, [1]), (2, [1])]  # what training_flops counts

@@ -20,14 +20,16 @@ def test_the_cpu_trainer_shares_prompts_when_asked(report):
     assert report["shared"]["share_prompts"] is True and report["separate"]["share_prompts"] is False
 
 
-def test_old_logprobs_come_back_in_the_callers_order(report):
-    shared, separate = report["shared"]["logprobs"], report["separate"]["logprobs"]
+@pytest.mark.parametrize("variant", ["shared", "packed", "shared_packed", "shared_packed_sdpa"])
+def test_old_logprobs_come_back_in_the_callers_order(report, variant):
+    shared, separate = report[variant]["logprobs"], report["separate"]["logprobs"]
     assert torch.equal(shared.lengths, separate.lengths)
     assert (shared.token_logprobs - separate.token_logprobs).abs().max() <= 1e-5
 
 
-def test_updates_are_the_same(report):
-    shared, separate = report["shared"], report["separate"]
+@pytest.mark.parametrize("variant", ["shared", "packed", "shared_packed", "shared_packed_sdpa"])
+def test_updates_are_the_same(report, variant):
+    shared, separate = report[variant], report["separate"]
     for update, (a, b) in enumerate(zip(shared["metrics"], separate["metrics"])):
         # A row matched to another row's advantage or old log-prob would move loss, ratios and gradient by
         # far more. The first update agrees to float reassociation (~1e-7); Adam at lr 1e-2 amplifies that
@@ -47,3 +49,14 @@ def test_updates_are_the_same(report):
         assert (apart > 1e-5).float().mean() < 5e-3 and apart.max() <= 4 * 1e-2
     losses = [m["loss"] for m in shared["metrics"]]
     assert len(set(round(x, 7) for x in losses)) > 1
+
+
+def test_a_token_budget_bounds_every_micro_batch_and_removes_the_padding(report):
+    """Rows of 6 + 1..5 tokens: by rows, micro-batches of 5 are padded to their longest; packed end to end to 16
+    tokens, no micro-batch holds more than 16 tokens (all rows here are shorter) and only a last row is padded."""
+    for name in ("packed", "shared_packed", "shared_packed_sdpa"):
+        for m in report[name]["metrics"]:
+            assert 0 < m["micro_batch_tokens_max"] <= 16, name
+    separate = [m["padding_frac"] for m in report["separate"]["metrics"]]
+    packed = [m["padding_frac"] for m in report["packed"]["metrics"]]
+    assert min(separate) > 0.1 and max(packed) < min(separate)

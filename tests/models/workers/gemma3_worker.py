@@ -29,7 +29,7 @@ from hacpo_megatron.models.build import build_agent_model
 from hacpo_megatron.models.logprobs import compute_sequence_logprobs
 from hacpo_megatron.models.presets import PRESETS
 from hacpo_megatron.parallel.groups import create_agent_groups, init_distributed
-from tests.models.workers.layouts_worker import logprob_sum_grads
+from tests.models.workers.layouts_worker import kernel_checks, logprob_sum_grads
 from tests.models.workers.reference import TEMPERATURE, hf_grads_of_logprob_sum, hf_token_logprobs
 
 TOOLS = Path(__file__).resolve().parents[3] / "tools"
@@ -67,6 +67,11 @@ SHARED_SEQUENCES = [
 ]
 
 
+# SHARED_SEQUENCES packed to 36 tokens: the 31-token document of _P1, then _P2's (20) and the last prompt's (12) in
+# one row, each past the window; SEQUENCES: rows of 19 + 11 and 10 + 19 tokens
+PACKED_TOKENS = 36
+
+
 def load_tool(name: str):
     """A command-line tool's module (tools/ is no package)."""
     spec = importlib.util.spec_from_file_location(name, TOOLS / f"{name}.py")
@@ -102,6 +107,8 @@ def layout_checks(parallel, hf, hf_state: dict, compare) -> dict:
     entry["grads"] = export_hf_state_dict(agent.model, CONFIG, parallel, tensor_of=lambda p: p.grad)
     logprob_sum_grads(agent, SHARED_SEQUENCES, share_prompts=True)
     entry["shared_grads"] = export_hf_state_dict(agent.model, CONFIG, parallel, tensor_of=lambda p: p.grad)
+    entry["kernels"] = kernel_checks(agent, SEQUENCES, SHARED_SEQUENCES, PACKED_TOKENS, lambda: export_hf_state_dict(
+        agent.model, CONFIG, parallel, tensor_of=lambda p: p.grad))
     entry["seconds"] = time.time() - start
     return entry
 

@@ -9,9 +9,11 @@ usage: torchrun --nproc_per_node 2 layouts_worker.py OUT
 """
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 import torch
 import torch.distributed as dist
@@ -20,13 +22,18 @@ from hacpo_megatron.checkpoint.hf_mapping import export_hf_state_dict, load_hf_s
 from hacpo_megatron.config.schema import AgentConfig, ParallelConfig
 from hacpo_megatron.models.build import build_agent_model
 from hacpo_megatron.models.logprobs import (
-    PackedBatch, compute_sequence_logprobs, make_forward_step, micro_batch_indices, pack_sequences, prompt_grouped,
-    run_schedule,
+    PackedBatch, compute_sequence_logprobs, make_forward_step, micro_batch_indices, pack_sequences,
+    packed_micro_batches, prompt_grouped, run_schedule,
 )
 from hacpo_megatron.parallel.groups import AgentParallel, create_agent_groups, init_distributed
 from tests.models.workers.reference import (
     SEQUENCES, SHARED_PROMPT_SEQUENCES, TEMPERATURE, TEST_CONFIGS, hf_grads_of_logprob_sum, hf_model, hf_token_logprobs,
 )
+
+KERNELS = ("local", "sdpa", "flex")
+# SHARED_PROMPT_SEQUENCES packed to 20 tokens: the 16-token document of one prompt, then two documents (11 + 5) in
+# one row; SEQUENCES: rows of 7 + 3 + 7 and 8 + 7 tokens
+PACKED_TOKENS = 20
 
 LAYOUTS = [
     AgentConfig(name="tp1", parallel=ParallelConfig(tensor=1, first_rank=0)),
@@ -35,14 +42,17 @@ LAYOUTS = [
 ]
 
 
-def logprob_sum_grads(agent, sequences, *, share_prompts: bool = False) -> None:
+def logprob_sum_grads(agent, sequences, *, share_prompts: bool = False, max_tokens: Optional[int] = None) -> None:
     """Backward of sum(response log-probs) through megatron's schedule, without DDP."""
     agent.config.calculate_per_token_loss = True  # megatron then leaves the loss unscaled
 
     def loss_fn(token_logprobs: torch.Tensor, mb: PackedBatch):
         return token_logprobs.sum(), torch.tensor(len(token_logprobs)), {}
 
-    if share_prompts:  # 5 sequences per micro-batch: rows of 4 and 1, then 2, 1 and 1 responses
+    if max_tokens is not None:  # packed end to end to a token budget: rows of several documents
+        micro_batches = packed_micro_batches(sequences, max_sequences=None, max_tokens=max_tokens,
+                                             share_prompts=share_prompts)
+    elif share_prompts:  # 5 sequences per micro-batch: rows of 4 and 1, then 2, 1 and 1 responses
         micro_batches = [pack_sequences(sequences, g, share_prompts=True) for g in prompt_grouped(sequences, 5)]
     else:
         micro_batches = [pack_sequences(sequences, g) for g in micro_batch_indices(
@@ -51,6 +61,31 @@ def logprob_sum_grads(agent, sequences, *, share_prompts: bool = False) -> None:
     run_schedule(agent, micro_batches, make_forward_step(agent, temperature=TEMPERATURE, loss_fn=loss_fn),
                  forward_only=False)
     reduce_grads_like_finalize_model_grads(agent)
+
+
+def kernel_checks(agent, sequences, shared_sequences, budget: int, export_grads) -> dict:
+    """Per kernel of train.attention (models/attention.py): log-probs of plain rows, of shared-prompt rows, of
+    sequences packed end to end to `budget` tokens with and without shared prompts, and the gradients of the packed
+    shared rows' log-prob sum (not FlexAttention's: torch has no CPU backward for it)."""
+    out = {}
+    for kernel in KERNELS:
+        timed = time.time()
+        a = dataclasses.replace(agent, attention=kernel)
+        entry = {
+            "logprobs": compute_sequence_logprobs(a, sequences, temperature=TEMPERATURE, max_sequences_per_micro_batch=2),
+            "packed_logprobs": compute_sequence_logprobs(a, sequences, temperature=TEMPERATURE,
+                                                         max_tokens_per_micro_batch=budget),
+            "shared_logprobs": compute_sequence_logprobs(a, shared_sequences, temperature=TEMPERATURE,
+                                                         max_sequences_per_micro_batch=5, share_prompts=True),
+            "shared_packed_logprobs": compute_sequence_logprobs(a, shared_sequences, temperature=TEMPERATURE,
+                                                                max_tokens_per_micro_batch=budget, share_prompts=True),
+        }
+        if kernel != "flex":
+            logprob_sum_grads(a, shared_sequences, share_prompts=True, max_tokens=budget)
+            entry["shared_packed_grads"] = export_grads()
+        entry["seconds"] = time.time() - timed
+        out[kernel] = entry
+    return out
 
 
 def reduce_grads_like_finalize_model_grads(agent) -> None:
@@ -106,9 +141,11 @@ def main(out: Path) -> None:
                                                         max_sequences_per_micro_batch=5, share_prompts=True)
             logprob_sum_grads(agent, SHARED_PROMPT_SEQUENCES, share_prompts=True)
             shared_grads = export_hf_state_dict(agent.model, TEST_CONFIGS[arch], parallel, tensor_of=lambda p: p.grad)
+            kernels = kernel_checks(agent, SEQUENCES, SHARED_PROMPT_SEQUENCES, PACKED_TOKENS, lambda: export_hf_state_dict(
+                agent.model, TEST_CONFIGS[arch], parallel, tensor_of=lambda p: p.grad))
             # every rank of the agent has the log-probs; record rank 1's copy too for the test
             entry[parallel.name] = {"logprobs": logprobs, "exported": exported, "grads": grads,
-                                    "shared_logprobs": shared_logprobs, "shared_grads": shared_grads}
+                                    "shared_logprobs": shared_logprobs, "shared_grads": shared_grads, "kernels": kernels}
             if rank == 1:
                 entry[parallel.name] = {"logprobs": logprobs, "shared_logprobs": shared_logprobs}
             results["timings"][f"{arch}/{parallel.name}"] = time.time() - start
