@@ -546,7 +546,7 @@ def results_markdown(results: Sequence[CellResult], labels: Sequence[str], basel
              f"Written {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC. Base config "
              f"`{base_config}`, seeds {', '.join(map(str, seeds))}"
              + (f", baseline `{baseline}`." if baseline else ".")
-             + f" Code: {code_version(workdir)} (`{workdir}`).", ""]
+             + f" Code: {code_version(workdir)}.", ""]
     if study_command:
         lines += [f"The study: `{study_command}`", ""]
     lines += [
@@ -593,10 +593,11 @@ def results_markdown(results: Sequence[CellResult], labels: Sequence[str], basel
     lines += ["", f"![held-out accuracy over steps, mean over seeds]({PLOT_FILE})", "", "## Cells", ""]
     lines += _markdown_table(["variant", "seed", "state", "this call", "folder"],
                              [[r.cell.variant.label, str(r.cell.seed), cell_status_text(r), r.outcome,
-                               f"`{r.cell.folder}`"] for r in results])
+                               f"`{r.cell.variant.label}/seed{r.cell.seed}`"] for r in results])
     lines += ["", "## Rerun a cell", "",
-              f"To redo one cell in a fresh folder: the study's command plus `--only LABEL:SEED --out OTHER`, or "
-              f"the cell's launcher command below (run from `{workdir}`) with another `--output-dir`. On CPU a run "
+              "Folders are the study folder's (this file's; `OUT` in commands where it was outside the checkout). "
+              "To redo one cell in a fresh folder: the study's command plus `--only LABEL:SEED --out OTHER`, or "
+              "the cell's launcher command below (run from the checkout's root) with another `--output-dir`. On CPU a run "
               "on the embedded engine is deterministic for its seed and code: either reproduces the cell's "
               "metrics.jsonl (all but timings) with the code named above; with vLLM's log-probs as old log-probs "
               "(rollout.old_logprobs: engine) losses and ratios differ by ~1e-6 (vLLM's CPU log-probs vary "
@@ -795,8 +796,9 @@ def run_study(study: Study, *, launch: Launch = run_launcher, resolve: Optional[
     with _StudyLock(study.out / LOCK_FILE):
         outcomes, preempted = _run_cells(study, chosen, launch, python, echo)
     results = [collect_cell(c, outcomes.get(c.name, "not run")) for c in cells]
-    rerun = {c.name: shlex.join(launcher_command(c, study.common_overrides, python=_shown_path(python)))
-             for c in cells}
+    shown = _shown_out(study.out)
+    rerun = {c.name: shlex.join(launcher_command(c, study.common_overrides, python=_shown_python(python)))
+             .replace(str(study.out), shown) for c in cells}
     text = results_markdown(results, study.labels, study.baseline, rerun, base_config=study.base_config,
                             seeds=study.seeds, workdir=os.getcwd(), study_command=study.command)
     (study.out / RESULTS_FILE).write_text(text, encoding="utf-8")
@@ -847,10 +849,28 @@ def _run_cells(study: Study, cells: Sequence[Cell], launch: Launch, python: str,
     return outcomes, None
 
 
-def _shown_path(path: str) -> str:
-    """A path as results.md shows it: relative to the working folder when inside it (e.g. .venv/bin/python)."""
+def _shown_python(path: str) -> str:
+    """The interpreter as results.md shows it: relative to the working folder when inside it (.venv/bin/python),
+    else plain `python` (a folder of the machine the study ran on means nothing to a reader)."""
     relative = os.path.relpath(path)
-    return path if relative.startswith("..") else relative
+    return "python" if relative.startswith("..") else relative
+
+
+def _shown_out(out: Path) -> str:
+    """The study folder as results.md shows it: relative to the working folder when inside it, else `OUT`."""
+    relative = os.path.relpath(out)
+    return "OUT" if relative.startswith("..") else relative
+
+
+def shown_command(argv: Sequence[str], script: str, python: str = sys.executable) -> str:
+    """The study's command line as results.md shows it: no folder of the machine it ran on."""
+    args = list(argv)
+    for i, arg in enumerate(args[:-1]):
+        if arg == "--out":
+            args[i + 1] = _shown_out(Path(args[i + 1]))
+    script = os.path.relpath(script)
+    return shlex.join([_shown_python(python), script if not script.startswith("..") else "tools/compare_algorithms.py",
+                       *args])
 
 
 class _StudyLock:
@@ -915,7 +935,7 @@ def main(argv: Optional[Sequence[str]] = None, *, launch: Launch = run_launcher,
          resolve: Optional[Resolve] = resolve_config) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
-    command = shlex.join([_shown_path(sys.executable), _shown_path(__file__), *argv])
+    command = shown_command(argv, __file__)
     try:
         return run_study(study_from_args(args, command), launch=launch, resolve=resolve, dry_run=args.dry_run)
     except StudyInputError as error:

@@ -1,6 +1,7 @@
 """summary.md: the final table per agent (first and last reward, held-out accuracy, time by phase)."""
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
@@ -109,10 +110,20 @@ def _overlap_table(metrics: RunMetrics) -> List[str]:
         [[agent] + [summed(agent, key, how) for _, key, how in OVERLAP_COLUMNS] for agent in metrics.agent_names])
 
 
+def _shown_run_dir(run_dir: PathLike) -> str:
+    """The run folder as summary.md names it: relative to the working folder when inside it (runs/x), else not at
+    all (a study's cell folders are copied into the repository: a folder of the machine they ran on would mislead)."""
+    if not run_dir:
+        return ""
+    relative = os.path.relpath(run_dir)
+    return "" if relative.startswith("..") else relative
+
+
 def summary_markdown(metrics: RunMetrics, run_dir: PathLike = "", run_info: Optional[Mapping[str, Any]] = None) -> str:
     """The summary.md text: results per agent, the mean step time by phase, and the prompts used."""
     summaries = [summarize_agent(metrics, agent) for agent in metrics.agent_names]
-    lines = [f"# Run summary{f': {run_dir}' if run_dir else ''}", ""]
+    shown = _shown_run_dir(run_dir)
+    lines = [f"# Run summary{f': {shown}' if shown else ''}", ""]
     lines += _markdown_table(
         ["agent", "steps", "first reward", "last reward", "held-out acc. first", "held-out acc. last",
          "held-out change"],

@@ -97,6 +97,16 @@ def test_plots_and_summary_files(tmp_path):
     _png_is_drawn(tmp_path / "eval_accuracy.png")
     assert (tmp_path / "summary.md").read_text() == summary
     assert "| qwen3-tiny |" in summary and "| llama-tiny |" in summary
+    # a folder outside the working folder (a study cell's, later copied into the repository) is not named
+    assert summary.startswith("# Run summary\n") and str(tmp_path) not in summary
+
+
+def test_the_summary_names_a_run_folder_inside_the_working_folder(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    run = tmp_path / "runs" / "a"
+    run.mkdir(parents=True)
+    summary = write_run(run, plots=False)
+    assert summary.startswith("# Run summary: runs/a\n")
 
 
 def test_summary_numbers(tmp_path):
