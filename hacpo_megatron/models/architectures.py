@@ -240,7 +240,8 @@ def transformer_config(
 
     `pipeline_model_parallel_size` must be set here: with the default (1) every stage builds all the
     layers. Dropout is off (RL log-prob ratios must be deterministic). On CPU: fp32 and CPU
-    initialisation. Fusions only where TE is (they are CUDA kernels shipped with TE/apex).
+    initialisation. Fusions: on a GPU megatron's compiled SwiGLU and bias-dropout-add; the others (CUDA kernels
+    shipped with TE/apex) only where TE is.
     """
     cpu_compat.apply()
     import torch.nn.functional as F
@@ -278,10 +279,12 @@ def transformer_config(
         fp16=dtype == torch.float16,
         pipeline_dtype=dtype,
         use_cpu_initialization=not on_gpu,
-        bias_activation_fusion=fused,
-        masked_softmax_fusion=fused,
+        # megatron's SwiGLU and bias-dropout-add fusions are torch code it compiles (megatron.core.jit: torch.compile):
+        # on a GPU one Triton kernel each instead of 3-4 elementwise passes, with or without TE; on a CPU the eager ops
+        bias_activation_fusion=fused or on_gpu,
+        bias_dropout_fusion=fused or on_gpu,
+        masked_softmax_fusion=fused,  # a CUDA kernel of TE/apex builds
         persist_layer_norm=fused,
-        bias_dropout_fusion=fused,
         apply_rope_fusion=False,
         gradient_accumulation_fusion=False,  # needs apex/TE fused wgrad kernels
     )
