@@ -75,24 +75,36 @@ CHUNK_ELEMENTS = 1 << 20  # fp32 logits per chunk (4 MB): a chunk's temporaries 
 
 
 class TargetLogProb(torch.autograd.Function):
-    """log softmax(logits / T)[target] of each row of [N, V] logits, with one [N, V] buffer in all.
+    """log softmax(logits / T)[target] of each row of [N, V] logits, with no [N, V] temporary beyond one buffer.
 
     Composed (divide, log_softmax, gather), every step writes an [N, V] tensor, and so does every step of
-    the backward (gather's zeros, log_softmax's and the divide's gradients): with a 150k-word vocabulary on
-    a CPU those memory passes cost more than the output layer's matmul. Here the forward keeps logits / T
-    in fp32 and each row's log-sum-exp (computed a chunk of rows at a time), and the backward turns that
-    buffer into the gradient in place: d/dlogits = (onehot(target) - softmax(logits / T)) * grad / T.
+    the backward (gather's zeros, log_softmax's and the divide's gradients): with a 150k-word vocabulary
+    those memory passes cost more than the output layer's matmul. Both paths give
+    d/dlogits = (onehot(target) - softmax(logits / T)) * grad / T, a chunk of rows at a time:
+
+    - fp32 (or fp64) logits: the forward keeps logits / T and each row's log-sum-exp, and the backward turns that
+      buffer into the gradient in place.
+    - bf16 / fp16 logits (a GPU's): no fp32 copy of the [N, V] logits at all (it would be twice their size). The
+      forward reads them a chunk at a time in fp32 for the log-sum-exp and keeps the logits themselves (alive
+      anyway until the output layer's backward); the backward writes the gradient in their dtype, each chunk
+      computed in fp32.
     """
 
     @staticmethod
     def forward(ctx, logits: torch.Tensor, targets: torch.Tensor, temperature: float) -> torch.Tensor:
         dtype = torch.promote_types(logits.dtype, torch.float32)  # bf16 logits: fp32 log-probs, as before
-        scaled = logits.div(temperature) if logits.dtype == dtype else logits.to(dtype).div_(temperature)
-        rows = max(1, CHUNK_ELEMENTS // scaled.shape[-1])
-        log_sum_exp = torch.cat([torch.logsumexp(chunk, dim=-1) for chunk in scaled.split(rows)])
-        ctx.buffer, ctx.rows, ctx.temperature, ctx.dtype = scaled, rows, temperature, logits.dtype
+        rows = max(1, CHUNK_ELEMENTS // logits.shape[-1])
+        ctx.rows, ctx.temperature = rows, temperature
+        if logits.dtype == dtype:
+            scaled = logits.div(temperature)
+            log_sum_exp = torch.cat([torch.logsumexp(chunk, dim=-1) for chunk in scaled.split(rows)])
+            ctx.buffer = scaled
+            ctx.save_for_backward(log_sum_exp, targets)
+            return scaled.gather(-1, targets[:, None])[:, 0] - log_sum_exp
+        log_sum_exp = torch.cat([torch.logsumexp(chunk.to(dtype) / temperature, dim=-1) for chunk in logits.split(rows)])
+        ctx.buffer = logits.detach()
         ctx.save_for_backward(log_sum_exp, targets)
-        return scaled.gather(-1, targets[:, None])[:, 0] - log_sum_exp
+        return logits.gather(-1, targets[:, None])[:, 0].to(dtype) / temperature - log_sum_exp
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> Tuple[torch.Tensor, None, None]:
@@ -100,12 +112,22 @@ class TargetLogProb(torch.autograd.Function):
         buffer, ctx.buffer = ctx.buffer, None  # the forward's own tensor, reused: one backward per forward
         if buffer is None:
             raise RuntimeError("TargetLogProb: backward through the same log-probs twice (retain_graph)")
-        scale = grad.to(buffer.dtype) / ctx.temperature
-        for chunk, chunk_lse, chunk_scale in zip(buffer.split(ctx.rows), log_sum_exp.split(ctx.rows),
-                                                 scale.split(ctx.rows)):
-            chunk.sub_(chunk_lse[:, None]).exp_().mul_(-chunk_scale[:, None])  # -softmax * grad / T
-        buffer.scatter_add_(-1, targets[:, None], scale[:, None])  # + onehot(target) * grad / T
-        return buffer.to(ctx.dtype), None, None
+        scale = grad.to(log_sum_exp.dtype) / ctx.temperature  # fp32, or fp64 for fp64 logits
+        if buffer.dtype == log_sum_exp.dtype:  # fp32 / fp64 logits: the buffer is logits / T, made the gradient in place
+            for chunk, chunk_lse, chunk_scale in zip(buffer.split(ctx.rows), log_sum_exp.split(ctx.rows),
+                                                     scale.split(ctx.rows)):
+                chunk.sub_(chunk_lse[:, None]).exp_().mul_(-chunk_scale[:, None])  # -softmax * grad / T
+            buffer.scatter_add_(-1, targets[:, None], scale[:, None])  # + onehot(target) * grad / T
+            return buffer, None, None
+        out = torch.empty_like(buffer)  # the logits' dtype: a bf16 gradient for bf16 logits
+        for chunk, out_chunk, chunk_lse, chunk_scale, chunk_targets in zip(
+                buffer.split(ctx.rows), out.split(ctx.rows), log_sum_exp.split(ctx.rows), scale.split(ctx.rows),
+                targets.split(ctx.rows)):
+            probs = (chunk.to(chunk_lse.dtype) / ctx.temperature).sub_(chunk_lse[:, None]).exp_()
+            probs.mul_(-chunk_scale[:, None])
+            probs.scatter_add_(-1, chunk_targets[:, None], chunk_scale[:, None])
+            out_chunk.copy_(probs)
+        return out, None, None
 
 
 # ------------------------------------------------------------------------------------------------

@@ -193,3 +193,26 @@ def test_pack_sequences_to_a_budget_keeps_each_document_its_positions_and_predic
     allowed = ~batch.attention_mask()[0, 0]
     assert allowed[5].tolist() == [False, False, False, False, True, True]  # [7, 8] sees only itself
     assert batch.layout == [(2, [2]), (1, [1]), (2, [1])]  # what training_flops counts
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_bf16_logits_get_the_float64_references_log_probs_and_gradient_to_bf16_rounding(monkeypatch, temperature):
+    """bf16 logits (a GPU's) take the path without an fp32 copy of [N, V]: each chunk in fp32, the gradient written
+    in bf16. Against the composed float64 formula on the same (bf16-representable) logits, chunks ending mid-batch."""
+    import hacpo_megatron.models.logprobs as logprobs
+
+    monkeypatch.setattr(logprobs, "CHUNK_ELEMENTS", 3 * 40 + 1)
+    g = torch.Generator().manual_seed(2)
+    logits = (torch.randn(13, 40, generator=g) * 4).bfloat16().requires_grad_()
+    targets = torch.randint(0, 40, (13,), generator=g)
+    weights = torch.randn(13, generator=g)
+    got = logprobs.TargetLogProb.apply(logits, targets, temperature)
+    (got * weights).sum().backward()
+    reference_logits = logits.detach().double().requires_grad_()
+    expected = torch.log_softmax(reference_logits / temperature, -1).gather(-1, targets[:, None])[:, 0]
+    (expected * weights.double()).sum().backward()
+    assert got.dtype == torch.float32 and logits.grad.dtype == torch.bfloat16
+    torch.testing.assert_close(got.double(), expected, rtol=0, atol=1e-5)  # fp32 arithmetic on exact inputs
+    # the gradient: fp32 per chunk, rounded once to bf16 (8 bits of mantissa)
+    torch.testing.assert_close(logits.grad.double(), reference_logits.grad, rtol=1e-2, atol=1e-3)
+    assert (logits.grad.double() - reference_logits.grad.bfloat16().double()).abs().max() <= 1e-6
