@@ -12,8 +12,9 @@ after each step:
     full     gc.collect() then malloc_trim, every call (before)
     frozen   the same, with gc.freeze() after the first call (now)
 
-Reported per mode: the tracked objects at the first call, the first call's seconds (both modes collect everything
-then) and the mean of the later calls, and the later calls' ratio frozen / full. One invocation, so both modes see
+Reported per mode: the tracked objects before the steps, the objects frozen, the seconds of the timed call after step 1
+(the step's own call came first: in `frozen` it froze) and the mean of the later ones, and the later calls' ratio
+frozen / full. One invocation, so both modes see
 the same machine; the ratio is the figure (a shared 2-core machine's load moves both alike).
 """
 from __future__ import annotations
@@ -91,7 +92,7 @@ def main() -> None:
             sys.exit(f"{mode}: exit {out.returncode}\n{out.stderr[-3000:]}")
         results.append(json.loads(out.stdout.strip().splitlines()[-1]))
     full, frozen = results
-    print("| mode | tracked objects | frozen | first call ms | later calls ms (mean) |")
+    print("| mode | tracked objects | frozen | call after step 1, ms | later calls, ms (mean) |")
     print("| --- | ---: | ---: | ---: | ---: |")
     for r in results:
         print(f"| {r['mode']} | {r['tracked_objects']:,} | {r['frozen_objects']:,} | {1e3 * r['first_s']:.1f} | "
