@@ -50,7 +50,9 @@ class _TokenBatch:
 
 def megatron_logits(agent: AgentModel, tokens: torch.Tensor) -> Optional[torch.Tensor]:
     """Full-vocabulary logits [batch, seq, vocab] on the last stage's TP rank 0; None elsewhere."""
-    positions = torch.arange(tokens.shape[1]).expand_as(tokens)
+    device = next(agent.model.parameters()).device  # a GPU's, where there is one: inputs go to the model
+    tokens = tokens.to(device)
+    positions = torch.arange(tokens.shape[1], device=device).expand_as(tokens)
 
     def forward_step(data_iterator, model):
         output = model(next(data_iterator).tokens, positions, attention_mask=None)
@@ -72,7 +74,7 @@ def megatron_logits(agent: AgentModel, tokens: torch.Tensor) -> Optional[torch.T
         parts = [torch.empty_like(local) for _ in range(parallel.tp_size)]
         dist.all_gather(parts, local.contiguous(), group=parallel.tp_group)
         local = torch.cat(parts, dim=-1)
-    return local[..., : agent.vocab_size] if parallel.tp_rank == 0 else None
+    return local[..., : agent.vocab_size].cpu() if parallel.tp_rank == 0 else None
 
 
 def compare_hf_megatron(hf_path: str, megatron_path: str, *, tensor_parallel: int = 1, pipeline_parallel: int = 1,

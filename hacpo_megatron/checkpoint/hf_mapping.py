@@ -35,7 +35,7 @@ import torch.distributed as dist
 
 from hacpo_megatron.models.architectures import Architecture, HFConfig, read_architecture
 from hacpo_megatron.models.build import padded_vocab_size
-from hacpo_megatron.parallel.groups import AgentParallel
+from hacpo_megatron.parallel.groups import AgentParallel, collective_device
 
 
 class Kind(enum.Enum):
@@ -349,11 +349,7 @@ def _send_to(dst_rank: int, owner: int, full: Optional[torch.Tensor], kind: Opti
         received: List[Any] = [None]
         dist.recv_object_list(received, src=owner)
         shape, dtype, kind_value, names = received[0]
-        full = torch.empty(shape, dtype=getattr(torch, dtype.replace("torch.", "")), device=_device())
+        full = torch.empty(shape, dtype=getattr(torch, dtype.replace("torch.", "")), device=collective_device())
         dist.recv(full, src=owner)
         return full, Kind(kind_value), tuple(names)
     return full, kind, hf_names
-
-
-def _device() -> torch.device:
-    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")

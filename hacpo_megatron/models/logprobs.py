@@ -30,6 +30,7 @@ import torch.distributed as dist
 from hacpo_megatron.models import cpu_compat
 from hacpo_megatron.models.attention import Document, TokenLayout, attention_over
 from hacpo_megatron.models.build import AgentModel
+from hacpo_megatron.parallel.groups import collective_device
 
 PromptResponse = Tuple[Sequence[int], Sequence[int]]  # (prompt token ids, response token ids)
 
@@ -508,8 +509,7 @@ def _from_last_stage(tensor: torch.Tensor, agent: AgentModel) -> torch.Tensor:
     parallel = agent.parallel
     if parallel.pp_size == 1:
         return tensor
-    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
-    buffer = tensor.to(device)
+    buffer = tensor.to(collective_device())
     dist.broadcast(buffer, group=parallel.pp_group, group_src=parallel.pp_size - 1)
     return buffer.cpu()
 

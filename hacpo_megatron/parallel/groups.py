@@ -279,6 +279,12 @@ def group_backend(ranks: Sequence[int], default: Optional[str] = None) -> Option
     return "nccl" if len(set(devices)) == len(devices) else "gloo"
 
 
+def collective_device() -> torch.device:
+    """Where this process's collective buffers go: its GPU where it has one (NCCL groups need CUDA tensors and
+    gloo groups take them too, staged through host memory), else the CPU."""
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+
+
 def init_distributed(backend: Optional[str] = None) -> None:
     """`torch.distributed.init_process_group` from torchrun's environment: nccl on GPU, gloo on CPU,
     with a collective timeout of HACPO_COLLECTIVE_TIMEOUT_S (default 30 min) for gloo and NCCL alike.

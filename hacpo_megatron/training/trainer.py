@@ -48,7 +48,7 @@ from hacpo_megatron.models.logprobs import (
     run_schedule,
     token_budget_groups,
 )
-from hacpo_megatron.parallel.groups import world_collectives_within
+from hacpo_megatron.parallel.groups import collective_device, world_collectives_within
 from hacpo_megatron.training.batch import SequenceRow, data_parallel_shard, micro_batches, rows_with_gradient
 from hacpo_megatron.training.utilisation import gemm_peak_flops, training_flops
 
@@ -328,8 +328,7 @@ class AgentTrainer:
                     totals[i] += float(result[key])
             if bins and RATIO_HISTOGRAM in result:
                 totals[len(keys):] += result[RATIO_HISTOGRAM]
-        device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
-        buffer = totals.to(device)
+        buffer = totals.to(collective_device())
         if self.parallel.is_last_stage and self.parallel.dp_size > 1:
             dist.all_reduce(buffer, group=self.parallel.dp_group)
         if self.parallel.pp_size > 1:  # only the last stage computed a loss; every rank reports it

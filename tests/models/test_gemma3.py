@@ -38,8 +38,8 @@ def gemma(module_tmp):
     hf_dir, out = module_tmp("gemma3_hf"), module_tmp("gemma3_out")
     make_hf_folder(hf_dir, CONFIG)
     run_torchrun(WORKER, 2, str(hf_dir), str(out), timeout=300)
-    return {"ranks": [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(2)], "hf_dir": hf_dir,
-            "out": out}
+    return {"ranks": [torch.load(out / f"rank{r}.pt", weights_only=False, map_location="cpu") for r in range(2)],
+            "hf_dir": hf_dir, "out": out}
 
 
 def make_hf_folder(folder: Path, config: dict) -> None:

@@ -21,7 +21,7 @@ LAYOUTS = ["tp1", "tp2", "pp2"]
 def results(module_tmp):
     out = module_tmp("layouts")
     run_torchrun(WORKER, 2, str(out), timeout=240)
-    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(2)]
+    return [torch.load(out / f"rank{r}.pt", weights_only=False, map_location="cpu") for r in range(2)]
 
 
 def max_diff(a, b):

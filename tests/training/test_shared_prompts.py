@@ -13,7 +13,7 @@ WORKER = REPO / "tests" / "training" / "workers" / "shared_prompts_worker.py"
 def report(module_tmp):
     out = module_tmp("shared") / "report.pt"
     run_torchrun(WORKER, 1, str(out), timeout=300)
-    return torch.load(out, weights_only=False)
+    return torch.load(out, weights_only=False, map_location="cpu")
 
 
 def test_the_cpu_trainer_shares_prompts_when_asked(report):

@@ -22,6 +22,7 @@ import torch.distributed as dist
 from hacpo_megatron.checkpoint.hf_mapping import load_hf_state_dict_into_model
 from hacpo_megatron.config.schema import AgentConfig, ParallelConfig
 from hacpo_megatron.models.build import build_agent_model
+from hacpo_megatron.parallel.groups import collective_device
 from hacpo_megatron.models.logprobs import compute_sequence_logprobs
 from hacpo_megatron.parallel.groups import create_agent_groups, init_distributed
 from tests.models.workers.reference import SEQUENCES, TEMPERATURE, TEST_CONFIGS, hf_model, hf_token_logprobs
@@ -49,12 +50,12 @@ def main(out: Path) -> None:
             "dp_group": dist.get_process_group_ranks(parallel.dp_group),
         }
         # A sum over the data-parallel group must see exactly this agent's replicas.
-        value = torch.tensor([float(rank)])
+        value = torch.tensor([float(rank)], device=collective_device())
         dist.all_reduce(value, group=parallel.dp_group)
         info["dp_sum_of_ranks"] = value.item()
 
         hf = hf_model(config.model)
-        agent = build_agent_model(TEST_CONFIGS[config.model], parallel)
+        agent = build_agent_model(TEST_CONFIGS[config.model], parallel, params_dtype=torch.float32)
         load_hf_state_dict_into_model(agent.model, hf.state_dict(), TEST_CONFIGS[config.model], parallel)
         mine = SEQUENCES[parallel.dp_rank::parallel.dp_size]  # each DP replica its share
         t0 = time.time()

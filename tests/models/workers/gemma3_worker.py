@@ -95,7 +95,7 @@ def logit_tokens() -> torch.Tensor:
 def layout_checks(parallel, hf, hf_state: dict, compare) -> dict:
     """Everything at one layout, on this rank (a member of it)."""
     start = time.time()
-    agent = build_agent_model(CONFIG, parallel, seed=1)
+    agent = build_agent_model(CONFIG, parallel, seed=1, params_dtype=torch.float32)  # fp32 on a GPU too
     load_hf_state_dict_into_model(agent.model, hf_state, CONFIG, parallel)
     entry = {"logits": compare.megatron_logits(agent, logit_tokens())}  # None off the last stage's TP rank 0
     entry["logprobs"] = compute_sequence_logprobs(agent, SEQUENCES, temperature=TEMPERATURE,

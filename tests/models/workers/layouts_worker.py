@@ -106,7 +106,9 @@ def single_stage_logits_diff(agent, hf) -> float:
     """max |megatron logits - HF logits| over the true vocabulary, one padded batch."""
     batch = pack_sequences(SEQUENCES, range(len(SEQUENCES)))
     agent.model.eval()
-    logits = agent.model(batch.tokens, batch.position_ids, attention_mask=None)[..., : agent.vocab_size]
+    device = next(agent.model.parameters()).device
+    logits = agent.model(batch.tokens.to(device), batch.position_ids.to(device),
+                         attention_mask=None)[..., : agent.vocab_size].cpu()
     reference = hf(batch.tokens).logits  # right padding: real positions see no padding in either
     real = torch.arange(batch.tokens.shape[1]) < torch.tensor([len(p) + len(r) for p, r in SEQUENCES])[:, None]
     return (logits - reference).abs()[real].max().item()
@@ -128,7 +130,7 @@ def main(out: Path) -> None:
             if not parallel.is_member:
                 continue
             start = time.time()
-            agent = build_agent_model(TEST_CONFIGS[arch], parallel, seed=1)
+            agent = build_agent_model(TEST_CONFIGS[arch], parallel, seed=1, params_dtype=torch.float32)
             load_hf_state_dict_into_model(agent.model, hf_state, TEST_CONFIGS[arch], parallel)
             logprobs = compute_sequence_logprobs(agent, SEQUENCES, temperature=TEMPERATURE,
                                                  max_sequences_per_micro_batch=2)

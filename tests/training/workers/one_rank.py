@@ -28,7 +28,8 @@ def random_sequences(count: int, prompt_length: int, response_length: int):
              torch.randint(2, vocab, (response_length,), generator=g).tolist()) for _ in range(count)]
 
 
-def qwen3_agent(parallel, weights, dtype=None):
+def qwen3_agent(parallel, weights, dtype=torch.float32):
+    """fp32 unless asked otherwise: the equivalence checks' precision, on a GPU too (whose default is bf16)."""
     agent = build_agent_model(HF_CONFIG, parallel, seed=1, params_dtype=dtype)
     load_hf_state_dict_into_model(agent.model, weights, HF_CONFIG, parallel)
     return agent

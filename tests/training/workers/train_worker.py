@@ -95,7 +95,7 @@ def part_layouts(hf_config, out):
     for name, parallel in zip(layouts, groups):
         if not parallel.is_member:
             continue
-        agent = build_agent_model(hf_config, parallel)
+        agent = build_agent_model(hf_config, parallel, params_dtype=torch.float32)
         load_hf_state_dict_into_model(agent.model, state, hf_config, parallel)
         trainer = AgentTrainer(agent, spec, hp)
         # the "other agent" is the same weights here: its old means are what matters for the loss
@@ -132,7 +132,7 @@ def part_agents(cfg, out):
     trainers = {}
     for k, (agent_cfg, parallel) in enumerate(zip(cfg.agents, groups)):
         if parallel.is_member:
-            agent = build_agent_model(configs[k], parallel, seed=cfg.run.seed + k)
+            agent = build_agent_model(configs[k], parallel, seed=cfg.run.seed + k, params_dtype=torch.float32)
             hp = TrainHyperparams(lr=agent_cfg.lr or cfg.train.lr, micro_batch_size=cfg.train.micro_batch_size,
                                   total_steps=4,
                                   alpha=cfg.algorithm.alpha, delta=cfg.algorithm.delta,
@@ -182,7 +182,7 @@ def part_kl(hf_config, out, kl_coef=0.5):
             continue
         trainers = {}
         for coef in (0.0, kl_coef):
-            agent = build_agent_model(hf_config, parallel)
+            agent = build_agent_model(hf_config, parallel, params_dtype=torch.float32)
             load_hf_state_dict_into_model(agent.model, hf.state_dict(), hf_config, parallel)
             trainers[coef] = AgentTrainer(agent, spec, TrainHyperparams(lr=1e-3, grad_clip=0.0, micro_batch_size=3,
                                                                         total_steps=1, kl_coef=coef))
