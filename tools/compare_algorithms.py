@@ -6,7 +6,7 @@ resumably; then held-out accuracy per agent as mean ± 95% CI over seeds, and pa
         --variant gspo_x2="algorithm.name=gspo_x2" \\
         --variant naive=configs/baselines/naive.yaml \\
         --variant "a3_nocc=algorithm.alpha=3;algorithm.cross_clip=false" \\
-        --seeds 1 2 3 --baseline gspo_x2 --out studies/default [--set KEY=VALUE ...] [--dry-run]
+        --seeds 1 2 3 --baseline gspo_x2 --out studies/default [--set KEY=VALUE ...] [--dry-run | --report]
     python tools/compare_algorithms.py ...the same... --only hacpo:2 [--out OTHER]   # just that cell
 
 --variant LABEL=SPEC (repeat it; at least one): LABEL names the variant (letters, digits, '_', '-', '.', '+';
@@ -17,6 +17,8 @@ variant's own overrides (e.g. `--set run.total_steps=10` for a quick study). run
 --baseline LABEL: the variant the others are compared with, seed by seed (optional).
 --only LABEL:SEED (repeatable): run just these cells; the table still reads every cell under OUT.
 --dry-run: check everything, print each cell's state and the command it would run; run and write nothing.
+--report: run nothing; write results.md and accuracy.png from the cells as they are (unfinished ones shown so):
+the tables of a study whose cells ran elsewhere and were copied under OUT (studies/pair).
 
 Each cell is the run folder OUT/LABEL/seedN/, made by the project's launcher as a subprocess:
 
@@ -775,7 +777,8 @@ def check_study(study: Study, resolve: Optional[Resolve]) -> None:
 
 
 def run_study(study: Study, *, launch: Launch = run_launcher, resolve: Optional[Resolve] = resolve_config,
-              dry_run: bool = False, python: str = sys.executable, echo: Callable[[str], None] = print) -> int:
+              dry_run: bool = False, report: bool = False, python: str = sys.executable,
+              echo: Callable[[str], None] = print) -> int:
     """Check the study, run the cells that need it, write results.md and accuracy.png; returns the exit code.
 
     StudyInputError before any run starts if the input is unusable (main() makes it exit code 2).
@@ -794,7 +797,7 @@ def run_study(study: Study, *, launch: Launch = run_launcher, resolve: Optional[
 
     study.out.mkdir(parents=True, exist_ok=True)
     with _StudyLock(study.out / LOCK_FILE):
-        outcomes, preempted = _run_cells(study, chosen, launch, python, echo)
+        outcomes, preempted = ({}, None) if report else _run_cells(study, chosen, launch, python, echo)
     results = [collect_cell(c, outcomes.get(c.name, "not run")) for c in cells]
     shown = _shown_out(study.out)
     rerun = {c.name: shlex.join(launcher_command(c, study.common_overrides, python=_shown_python(python)))
@@ -918,7 +921,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="an override for every variant")
     parser.add_argument("--only", action="append", default=[], metavar="LABEL:SEED", help="run just this cell")
-    parser.add_argument("--dry-run", action="store_true", help="print each cell's state and command; run nothing")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--dry-run", action="store_true", help="print each cell's state and command; run nothing")
+    mode.add_argument("--report", action="store_true",
+                      help="run nothing; write results.md and accuracy.png from the cells as they are")
     return parser
 
 
@@ -937,7 +943,8 @@ def main(argv: Optional[Sequence[str]] = None, *, launch: Launch = run_launcher,
     args = build_parser().parse_args(argv)
     command = shown_command(argv, __file__)
     try:
-        return run_study(study_from_args(args, command), launch=launch, resolve=resolve, dry_run=args.dry_run)
+        return run_study(study_from_args(args, command), launch=launch, resolve=resolve, dry_run=args.dry_run,
+                         report=args.report)
     except StudyInputError as error:
         print(f"compare_algorithms: error: {error}", file=sys.stderr)
         return EXIT_BAD_INPUT

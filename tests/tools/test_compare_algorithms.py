@@ -284,6 +284,19 @@ def test_dry_run_runs_and_writes_nothing(tool, tmp_path, capsys):
     assert re.search(r"gspo:1 \[not started\]: .*--set run\.seed=1 --set algorithm\.name=gspo --output-dir", out)
 
 
+def test_report_runs_nothing_and_tabulates_the_cells_as_they_are(tool, tmp_path, capsys):
+    """--report: the tables of cells that ran elsewhere (copied under OUT), the unfinished ones shown so."""
+    for seed in (1, 2):
+        write_run(tmp_path / "hacpo" / f"seed{seed}", "hacpo", seed)
+        write_run(tmp_path / "gspo" / f"seed{seed}", "gspo", seed)
+    launcher = FakeLauncher()
+    assert run_tool(tool, study_args(tmp_path, "--report"), launcher) == 1  # seed 3 of each is not there
+    assert launcher.calls == []
+    text = (tmp_path / "results.md").read_text()
+    assert "| hacpo | 3 | not started" in text and "| hacpo - gspo | qwen3-tiny |" in text
+    assert "| 2 | 1: " in text  # two pairs per comparison
+
+
 # ---------------------------------------------------------------------------------------- commands and input
 def test_launcher_command(tool, tmp_path):
     variants = [tool.parse_variant("hacpo=", BASE), tool.parse_variant(f"naive={NAIVE};algorithm.alpha=3", BASE),
