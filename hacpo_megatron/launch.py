@@ -91,6 +91,8 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     command = torchrun_command(required_world_size(cfg.agents), argv)
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # gloo's connections stay on loopback
+    if cfg.run.device == "cpu":  # the ranks, Ray's actors and the reward's workers see no GPU (run.device)
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
     os.execv(command[0], command)
     return 0  # not reached
 

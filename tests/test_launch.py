@@ -39,3 +39,35 @@ def test_resume_without_any_checkpoint_is_a_user_mistake(tmp_path):
                             timeout=120)
     assert result.returncode == 2
     assert "no checkpoint saved yet; start without --resume" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_run_device_cpu_hides_the_gpus_from_the_ranks_and_a_rank_that_sees_one_is_told(tmp_path, monkeypatch):
+    """run.device: cpu on a GPU machine: the launcher starts torchrun with CUDA_VISIBLE_DEVICES empty (the ranks, Ray's
+    actors and the reward's workers inherit it); a rank started another way that still sees a GPU stops with a
+    one-line input error."""
+    from hacpo_megatron import launch
+    from hacpo_megatron.config import load_config
+    from hacpo_megatron.training.preflight import InputError, check_device
+
+    started = {}
+
+    def execv(path, command):
+        started.update(command=command, visible=os.environ.get("CUDA_VISIBLE_DEVICES"))
+        raise SystemExit(0)
+
+    monkeypatch.setattr(launch.os, "execv", execv)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    with pytest.raises(SystemExit):
+        launch.main(["--set", "run.device=cpu", "--output-dir", str(tmp_path / "run")])
+    assert started["visible"] == "" and "torch.distributed.run" in " ".join(started["command"])
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    with pytest.raises(SystemExit):
+        launch.main(["--output-dir", str(tmp_path / "run")])  # auto: the GPUs stay as they are
+    assert started["visible"] is None
+
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    with pytest.raises(InputError, match="run.device: cpu, but this rank sees a GPU"):
+        check_device(load_config(os.path.join(REPO, "configs", "default.yaml"), ["run.device=cpu"]))
+    check_device(load_config(os.path.join(REPO, "configs", "default.yaml"), ["run.device=auto"]))

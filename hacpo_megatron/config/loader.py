@@ -317,7 +317,11 @@ def _validate(cfg: Config, where: _Where, errors: List[str]) -> None:
     _check(t.micro_batch_size >= 1, errors, where, ("train", "micro_batch_size"), "must be >= 1")
     _check(t.max_tokens_per_micro_batch is None or t.max_tokens_per_micro_batch >= 1, errors, where,
            ("train", "max_tokens_per_micro_batch"), "must be >= 1 or null")
-    _check(t.attention != "flex" or cfg.run.mode == "rollout_only" or _has_cuda(), errors, where,
+    # run.device first: `cpu` must not query CUDA here (a rank hides its GPUs only before the first query)
+    _check(cfg.run.device != "cuda" or _has_cuda(), errors, where, ("run", "device"),
+           "cuda, but this machine has no GPU that torch can use (auto picks one where there is)")
+    _check(t.attention != "flex" or cfg.run.mode == "rollout_only" or (cfg.run.device != "cpu" and _has_cuda()),
+           errors, where,
            ("train", "attention"), "flex trains only on a GPU (torch's FlexAttention has no CPU backward); "
            "use auto, sdpa or local here")
     _check(t.cpu_threads is None or t.cpu_threads >= 1, errors, where, ("train", "cpu_threads"), "must be >= 1 or null")

@@ -14,7 +14,9 @@ class RunConfig:
     seed: int = 1234
     output_dir: Optional[str] = None  # default: runs/<name>
     total_steps: int = 100
-    device: Literal["auto", "cpu", "cuda"] = "auto"  # auto: cuda when available
+    # auto: the GPUs where there are any; cpu: none, even on a GPU machine (the launcher hides them from the ranks and
+    # all they start); cuda: a GPU, or a config error
+    device: Literal["auto", "cpu", "cuda"] = "auto"
     # debug modes (rollout/replay.py): train (the algorithm); rollout_only (engines and rewards, no learner: time
     # the rollout, save its answers with --save-rollouts DIR); train_only (no engine, no Ray: train on the answers
     # and rewards an earlier run saved, --load-rollouts DIR, e.g. to replay and debug a bad step)

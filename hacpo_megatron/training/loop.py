@@ -51,7 +51,7 @@ from hacpo_megatron.rollout.replay import load_step, save_step
 from hacpo_megatron.rollout.weight_sync import engine_rank
 from hacpo_megatron.training import checkpointing
 from hacpo_megatron.training.batch import UpdateSchedule, mini_batches
-from hacpo_megatron.training.preflight import check_inputs
+from hacpo_megatron.training.preflight import check_device, check_inputs
 from hacpo_megatron.training.step_data import (
     OldLogProbs, check_engine_logprobs, drop_overlong_prompts, engine_old_logprobs, learner_rows, own_sequences,
     render_prompts, rewards_tensor, rollout_stats, with_learner_old_logprobs,
@@ -111,6 +111,7 @@ class Agents:
 def run_hacpo(cfg: Config, options: RunOptions, model_provider: ModelProvider) -> None:
     check_inputs(cfg, output_dir=options.output_dir, resume=options.resume,  # InputError before any work
                  save_rollouts=options.save_rollouts, load_rollouts=options.load_rollouts)
+    check_device(cfg)
     init_distributed()
     rank, world = dist.get_rank(), dist.get_world_size()
     if cfg.train.cpu_threads and not torch.cuda.is_available():

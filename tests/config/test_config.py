@@ -167,6 +167,8 @@ def test_updates_per_step_follow_the_algorithm(tmp_path, overrides, message):
         ("train.attention=sdpa", None),
         ("train.attention=fast", "train.attention: 'fast' is not one of 'auto'"),
         ("train.attention=flex", "flex trains only on a GPU"),  # these machines have none
+        ("run.device=cpu", None),
+        ("run.device=cuda", "run.device: cuda, but this machine has no GPU"),  # nor this one
     ],
 )
 def test_out_of_range_values_are_rejected(tmp_path, override, message):
