@@ -56,7 +56,8 @@ def test_run_device_cpu_hides_the_gpus_from_the_ranks_and_a_rank_that_sees_one_i
         raise SystemExit(0)
 
     monkeypatch.setattr(launch.os, "execv", execv)
-    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    for variable in ("CUDA_VISIBLE_DEVICES", "GLOO_SOCKET_IFNAME"):  # the launcher sets them: restored at the end
+        monkeypatch.delenv(variable, raising=False)
     with pytest.raises(SystemExit):
         launch.main(["--set", "run.device=cpu", "--output-dir", str(tmp_path / "run")])
     assert started["visible"] == "" and "torch.distributed.run" in " ".join(started["command"])
