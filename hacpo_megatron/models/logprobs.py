@@ -103,23 +103,24 @@ class TargetLogProb(torch.autograd.Function):
             ctx.save_for_backward(log_sum_exp, targets)
             return scaled.gather(-1, targets[:, None])[:, 0] - log_sum_exp
         log_sum_exp = torch.cat([torch.logsumexp(chunk.to(dtype) / temperature, dim=-1) for chunk in logits.split(rows)])
-        ctx.buffer = logits.detach()
-        ctx.save_for_backward(log_sum_exp, targets)
+        ctx.buffer = True  # the logits themselves, saved below (autograd checks nothing changed them in between)
+        ctx.save_for_backward(log_sum_exp, targets, logits)
         return logits.gather(-1, targets[:, None])[:, 0].to(dtype) / temperature - log_sum_exp
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> Tuple[torch.Tensor, None, None]:
-        log_sum_exp, targets = ctx.saved_tensors
-        buffer, ctx.buffer = ctx.buffer, None  # the forward's own tensor, reused: one backward per forward
+        log_sum_exp, targets, *low_precision_logits = ctx.saved_tensors
+        buffer, ctx.buffer = ctx.buffer, None  # fp32: the forward's own tensor, reused: one backward per forward
         if buffer is None:
             raise RuntimeError("TargetLogProb: backward through the same log-probs twice (retain_graph)")
         scale = grad.to(log_sum_exp.dtype) / ctx.temperature  # fp32, or fp64 for fp64 logits
-        if buffer.dtype == log_sum_exp.dtype:  # fp32 / fp64 logits: the buffer is logits / T, made the gradient in place
+        if not low_precision_logits:  # fp32 / fp64 logits: the buffer is logits / T, made the gradient in place
             for chunk, chunk_lse, chunk_scale in zip(buffer.split(ctx.rows), log_sum_exp.split(ctx.rows),
                                                      scale.split(ctx.rows)):
                 chunk.sub_(chunk_lse[:, None]).exp_().mul_(-chunk_scale[:, None])  # -softmax * grad / T
             buffer.scatter_add_(-1, targets[:, None], scale[:, None])  # + onehot(target) * grad / T
             return buffer, None, None
+        (buffer,) = low_precision_logits
         out = torch.empty_like(buffer)  # the logits' dtype: a bf16 gradient for bf16 logits
         for chunk, out_chunk, chunk_lse, chunk_scale, chunk_targets in zip(
                 buffer.split(ctx.rows), out.split(ctx.rows), log_sum_exp.split(ctx.rows), scale.split(ctx.rows),
