@@ -67,7 +67,7 @@ def child(mode: str, preset: str, steps: int) -> dict:
     for _ in range(steps):
         trainer.train_step([rows])  # calls return_freed_memory itself; time one more call after it
         start = time.perf_counter()
-        environment.return_freed_memory()
+        environment.return_freed_memory(freeze=True)
         calls.append(time.perf_counter() - start)
     return {"mode": mode, "tracked_objects": objects, "frozen_objects": gc.get_freeze_count(),
             "first_s": calls[0], "later_mean_s": statistics.mean(calls[1:]), "calls_s": calls}

@@ -37,20 +37,21 @@ def glibc() -> Optional[Any]:
 _frozen = False  # return_freed_memory froze the objects alive at its first call
 
 
-def return_freed_memory() -> None:
+def return_freed_memory(*, freeze: bool = False) -> None:
     """Collect garbage cycles, then give the pages of freed blocks back to the system (malloc_trim):
     after a process freed big tensors that glibc would keep for reuse. Elsewhere: the collection only.
 
-    The first call then moves every object still alive into the collector's permanent generation (gc.freeze):
-    a process calls this once per step, and its long-lived objects (modules, tokenizers, megatron's and Ray's
-    state: ~470k in a trainer rank of the default run) are never garbage; a full collection over them cost
-    ~0.2 s a call. Later calls traverse only what was made since, where a step's cycles are. What the freeze
-    keeps that later turns into cyclic garbage is kept for good: objects of the start-up and the first step,
-    a bounded amount, never a growing one.
+    `freeze` (a trainer rank, once per step): the first such call then moves every object still alive into the
+    collector's permanent generation (gc.freeze). A rank's long-lived objects (modules, tokenizers, megatron's and
+    Ray's state: ~520k in a tiny agent's rank) are never garbage, and a full collection over them cost ~0.3 s a
+    call (benchmarks/bench_freed_memory.py); later calls traverse only what was made since, where a step's cycles
+    are. What the freeze keeps that later turns into cyclic garbage stays for good (objects of the start-up and the
+    first step: bounded, never growing), and so do their finalizers: not for processes whose cycles hold OS
+    resources (a vLLM worker's multiprocessing semaphores), which call this without it.
     """
     global _frozen
     gc.collect()
-    if not _frozen:
+    if freeze and not _frozen:
         gc.freeze()
         _frozen = True
     libc = glibc()

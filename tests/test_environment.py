@@ -20,23 +20,28 @@ PROBE = textwrap.dedent("""
 
     gc.disable()  # no automatic collection: only return_freed_memory's
     long_lived = [Node() for _ in range(20000)]
+    plain = cycle()
+    return_freed_memory()  # without freeze: a collection, nothing frozen
+    frozen_without = gc.get_freeze_count()
     before = cycle()
-    return_freed_memory()
+    return_freed_memory(freeze=True)
     frozen_first = gc.get_freeze_count()
     after = cycle()
-    return_freed_memory()
-    print(json.dumps({"before_collected": before() is None, "after_collected": after() is None,
+    return_freed_memory(freeze=True)
+    print(json.dumps({"plain_collected": plain() is None, "frozen_without": frozen_without,
+                      "before_collected": before() is None, "after_collected": after() is None,
                       "frozen_first": frozen_first, "frozen_second": gc.get_freeze_count(),
                       "tracked_after": len(gc.get_objects())}))
 """)
 
 
-def test_freed_memory_collects_new_cycles_and_freezes_the_long_lived_objects_once():
+def test_freed_memory_collects_new_cycles_and_freezes_the_long_lived_objects_once_when_asked():
     import json
 
     result = subprocess.run([sys.executable, "-c", PROBE], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["plain_collected"] and report["frozen_without"] == 0  # without freeze=True: today's collection
     assert report["before_collected"] and report["after_collected"]  # a cycle made after the freeze still goes
     assert report["frozen_first"] >= 20000  # the long-lived objects, frozen at the first call ...
     assert report["frozen_second"] == report["frozen_first"]  # ... and only then

@@ -210,7 +210,7 @@ class AgentTrainer:
             self.cross_clip_fitted = fitted if fitted is not None else self.cross_clip_fitted
         # The updates' activations are freed now, but glibc keeps the pages of its small blocks for reuse; the
         # engines reload their weights next, on the same machine's memory: give them back (docs/real_model.md)
-        return_freed_memory()
+        return_freed_memory(freeze=True)  # the rank's long-lived objects left out of later collections
         return metrics
 
     def _update(self, mini_batch: List[SequenceRow], update_index: int) -> Dict[str, float]:
