@@ -4,7 +4,7 @@ A micro-batch's rows (models/logprobs.py: PackedBatch) hold *documents*: a promp
 (a plain sequence) or by several (shared prompts), and a row may hold several documents end to end (token-budget
 packing). Who sees whom is a property of each token, given per row by three [rows, S] tensors (`TokenLayout`):
 
-    document   which document of the row the token is in (-1: padding)
+    document   which document of the micro-batch the token is in (-1: padding)
     segment    0 in the prompt, a + 1 in response a (-1: padding)
     position   its position in its own plain sequence (prompt 0..P-1, every response P..P+L-1)
 
@@ -30,8 +30,8 @@ Dense blocks (`attention_blocks`): the prompt of each document over itself (caus
 call with a boolean mask. Only the pairs a response can see are computed: with 8 responses of 70 tokens after a
 60-token prompt, megatron's masked attention would compute 8 times as many.
 
-    layout = TokenLayout.of(packed, device)                 # once per micro-batch
-    with attention_over(layout, "flex"):
+    layout = packed.token_layout.to(device)                 # once per micro-batch (models/logprobs.py)
+    with attention_over(layout, agent.attention):
         model(tokens, ...)                                   # every CoreAttention reads it
 
 Outside an `attention_over` block, CoreAttention is megatron's DotProductAttention, unchanged. The softmax scale
