@@ -27,17 +27,31 @@ SHARED_MEMORY = "/dev/shm/"
 
 
 def shared_memory_files(processes: Iterable[psutil.Process]) -> Set[str]:
-    """The files in /dev/shm that these processes map and nobody has unlinked yet."""
-    found = set()
+    """The files in /dev/shm that these processes map and nobody has unlinked yet.
+
+    A file is found by the inode a process maps, not by the name in its map: glibc's `sem_open` creates a named
+    semaphore under a temporary name, maps it, then links it to its real name (`sem.mp-*`) and unlinks the
+    temporary one, so its creator's map names a deleted file. vLLM's engine core makes such a semaphore for its
+    workers' start-up; once they have closed it, the creator alone holds it (stop 45's CI run found two left)."""
+    inodes = set()
     for process in processes:
         try:
             with open(f"/proc/{process.pid}/maps") as maps:
                 for line in maps:
                     fields = line.split(None, 5)
-                    if len(fields) == 6 and fields[5].startswith(SHARED_MEMORY) and not fields[5].endswith("(deleted)\n"):
-                        found.add(fields[5].rstrip("\n"))
+                    if len(fields) == 6 and fields[5].startswith(SHARED_MEMORY):
+                        inodes.add(int(fields[4]))
         except (FileNotFoundError, ProcessLookupError, PermissionError):
             pass  # ended meanwhile
+    found = set()
+    if inodes:
+        with os.scandir(SHARED_MEMORY) as entries:
+            for entry in entries:
+                try:
+                    if entry.inode() in inodes and entry.is_file(follow_symlinks=False):
+                        found.add(entry.path)
+                except OSError:
+                    pass  # unlinked meanwhile
     return found
 
 

@@ -15,7 +15,8 @@ import ray
 
 from hacpo_megatron.orchestrator.actors import wait_until_alive
 from hacpo_megatron.orchestrator.ray_runtime import RayRuntime
-from hacpo_megatron.orchestrator.shared_memory import record_engine_files, remove_files_of_ended_engine
+from hacpo_megatron.orchestrator.shared_memory import (record_engine_files, remove_files_of_ended_engine,
+                                                       shared_memory_files, unlink_all)
 
 CHILD = r"""
 import mmap, os, secrets, time
@@ -24,6 +25,14 @@ fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
 os.ftruncate(fd, 1 << 16)
 mapped = mmap.mmap(fd, 1 << 16)
 print(path, flush=True)
+time.sleep(600)
+"""
+
+# a process holding a named semaphore that it made itself, as vLLM's engine core does for its workers' start-up
+SEMAPHORE_HOLDER = r"""
+import multiprocessing, time
+lock = multiprocessing.get_context("spawn").Lock()
+print("/dev/shm/sem." + lock._semlock.name.lstrip("/"), flush=True)
 time.sleep(600)
 """
 
@@ -69,3 +78,20 @@ def test_a_restarted_engine_removes_its_predecessors_files_and_the_run_end_its_o
         assert os.path.exists(bystander)
     finally:
         os.unlink(bystander)
+
+
+def test_a_semaphore_its_creator_alone_holds_is_found_though_its_map_names_a_deleted_file():
+    """glibc maps a new semaphore under a temporary name before linking it to its own, so the creator's map names a
+    deleted file: the semaphore is found by its inode (two were left by a CI run when found by name)."""
+    holder = subprocess.Popen([sys.executable, "-c", SEMAPHORE_HOLDER], stdout=subprocess.PIPE, text=True)
+    try:
+        semaphore = holder.stdout.readline().strip()
+        assert os.path.exists(semaphore)
+        with open(f"/proc/{holder.pid}/maps") as maps:
+            assert semaphore not in maps.read()  # not mapped under its own name
+        assert semaphore in shared_memory_files([psutil.Process(holder.pid)])
+        assert shared_memory_files([psutil.Process()]).isdisjoint({semaphore})  # this process does not map it
+    finally:
+        holder.kill()
+        holder.wait()
+        unlink_all([semaphore])
