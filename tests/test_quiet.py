@@ -81,8 +81,8 @@ def test_real_megatron_imports_are_quiet():
     """Megatron's own texts, as printed when its modules are imported: gone after `import
     hacpo_megatron`, back with HACPO_SHOW_ALL_WARNINGS=1 (so the test sees them when they change)."""
     code = ("import hacpo_megatron\n"
-            "from hacpo_megatron.models import cpu_compat\n"
-            "cpu_compat.apply()\n"
+            "from hacpo_megatron import megatron_cpu\n"
+            "megatron_cpu.apply()\n"
             "import megatron.core.optimizer, megatron.core.models.backends, megatron.core.models.mimo\n")
     expected = ["Transformer Engine and Apex are not installed", "Apex is not installed. Falling back to Torch Norm",
                 "MimoModelConfig is experimental"]

@@ -5,6 +5,7 @@ from hacpo_megatron.bridge.retokenize import (
     bridge_responses,
     decode_response,
     render_prompt,
+    render_prompts,
     trim_response,
 )
 from hacpo_megatron.bridge.tokenizers import (
@@ -26,6 +27,7 @@ __all__ = [
     "load_tokenizer",
     "pad_token_id",
     "render_prompt",
+    "render_prompts",
     "same_vocabulary",
     "trim_response",
     "vocabulary_fingerprint",

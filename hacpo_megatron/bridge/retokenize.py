@@ -86,6 +86,11 @@ def render_prompt(tokenizer: PreTrainedTokenizerBase, messages: Messages, *, ena
     return tokenizer.encode(text, add_special_tokens=False)
 
 
+def render_prompts(tokenizer: PreTrainedTokenizerBase, prompts: Sequence) -> list[list[int]]:
+    """Each prompt record's messages (`.messages`) rendered as `render_prompt` does."""
+    return [render_prompt(tokenizer, p.messages) for p in prompts]
+
+
 def trim_response(
     response_ids: Sequence[int], end_ids: frozenset[int], pad_id: int
 ) -> tuple[list[int], bool]:

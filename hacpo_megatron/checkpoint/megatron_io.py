@@ -49,7 +49,7 @@ import torch.distributed as dist
 
 from hacpo_megatron.checkpoint.hf_io import copy_tokenizer_files, fsync_tree, write_file_atomically
 from hacpo_megatron.checkpoint.integrity import write_manifest
-from hacpo_megatron.models import cpu_compat
+from hacpo_megatron import megatron_cpu
 from hacpo_megatron.models.architectures import Architecture, HFConfig, read_architecture
 from hacpo_megatron.models.build import AgentModel, build_agent_model
 from hacpo_megatron.models.presets import fewer_kv_heads_than_tp
@@ -125,7 +125,7 @@ def agent_sharded_state_dict(agent: AgentModel, optimizer: Optional[Any] = None,
     The data-parallel group decides which replica writes (replica 0); the model's own process
     groups give the TP/PP offsets.
     """
-    cpu_compat.apply()
+    megatron_cpu.apply()
     metadata = {"dp_cp_group": agent.parallel.pg_collection.dp_cp}
     with _data_parallel_rank_of(agent.parallel):
         model_state = _unwrapped(agent.model).sharded_state_dict(metadata=metadata)
@@ -248,7 +248,7 @@ def save_agent_checkpoint(folder: PathLike, agent: AgentState, *, step: Optional
     Writes into `folder` directly (created if missing); use `save_agents_checkpoint` for the
     crash-safe step/latest layout, or write to a temporary folder and rename it yourself.
     """
-    cpu_compat.apply()
+    megatron_cpu.apply()
     from megatron.core import dist_checkpointing
 
     folder = Path(folder)
@@ -527,7 +527,7 @@ def load_agent_checkpoint(folder: PathLike, agent: AgentModel, optimizer: Option
     Any TP/PP layout: megatron reads the slices this rank needs from the saved global tensors. Not
     collective: each member rank loads on its own. Returns the folder's metadata.
     """
-    cpu_compat.apply()
+    megatron_cpu.apply()
     from megatron.core import dist_checkpointing
 
     folder = Path(folder)

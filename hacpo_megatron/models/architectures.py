@@ -28,7 +28,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
 import torch
 
-from hacpo_megatron.models import cpu_compat
+from hacpo_megatron import megatron_cpu
 from hacpo_megatron.models.presets import SUPPORTED_ARCHITECTURES
 
 # HF `architectures[0]` -> (family, qkv bias, QK-norm)
@@ -243,7 +243,7 @@ def transformer_config(
     initialisation. Fusions: on a GPU megatron's compiled SwiGLU and bias-dropout-add; the others (CUDA kernels
     shipped with TE/apex) only where TE is.
     """
-    cpu_compat.apply()
+    megatron_cpu.apply()
     import torch.nn.functional as F
     from megatron.core.transformer import TransformerConfig
 
@@ -318,7 +318,7 @@ def layer_spec(arch: Architecture, *, use_transformer_engine: Optional[bool] = N
 
     Gemma 3 gets its own block spec (models/gemma3.py), which needs the model's TransformerConfig (`config`).
     """
-    cpu_compat.apply()
+    megatron_cpu.apply()
     if arch.family == "gemma3":
         from hacpo_megatron.models.gemma3 import gemma3_block_spec
 

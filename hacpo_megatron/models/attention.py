@@ -49,9 +49,9 @@ from typing import Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 import torch
 import torch.nn.functional as F
 
-from hacpo_megatron.models import cpu_compat
+from hacpo_megatron import megatron_cpu
 
-cpu_compat.apply()
+megatron_cpu.apply()
 from megatron.core.transformer.dot_product_attention import DotProductAttention  # noqa: E402
 
 ATTENTION_CHOICES = ("auto", "flex", "sdpa", "local")

@@ -14,7 +14,7 @@ from typing import Any, Optional
 
 import torch
 
-from hacpo_megatron.models import cpu_compat
+from hacpo_megatron import megatron_cpu
 from hacpo_megatron.models.architectures import (
     Architecture,
     HFConfig,
@@ -73,7 +73,7 @@ def seed_model_parallel_rng(seed: int, parallel: AgentParallel) -> None:
     rank draws the full weight and keeps its slice. The tracker gives TP ranks distinct streams for
     tensor-parallel dropout/initialisation (`model_parallel_cuda_manual_seed`).
     """
-    cpu_compat.apply()
+    megatron_cpu.apply()
     from megatron.core import tensor_parallel
 
     stage_seed = seed + 100 * parallel.pp_rank
@@ -109,7 +109,7 @@ def build_agent_model(
     Call only on the agent's members; not collective beyond the agent (tied embeddings with PP > 1
     all-reduce the output-layer copy over the agent's embedding group). `attention`: `train.attention`.
     """
-    cpu_compat.apply()
+    megatron_cpu.apply()
     from megatron.core.models.gpt import GPTModel
 
     if not parallel.is_member:

@@ -37,9 +37,9 @@ from typing import Any, Optional
 import torch
 import torch.nn.functional as F
 
-from hacpo_megatron.models import cpu_compat
+from hacpo_megatron import megatron_cpu
 
-cpu_compat.apply()
+megatron_cpu.apply()
 from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding  # noqa: E402
 from megatron.core.models.gpt import GPTModel  # noqa: E402
 from megatron.core.transformer.transformer_layer import TransformerLayer, TransformerLayerSubmodules  # noqa: E402

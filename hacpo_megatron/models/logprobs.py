@@ -27,7 +27,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 import torch
 import torch.distributed as dist
 
-from hacpo_megatron.models import cpu_compat
+from hacpo_megatron import megatron_cpu
 from hacpo_megatron.models.attention import Document, TokenLayout, attention_over
 from hacpo_megatron.models.build import AgentModel
 from hacpo_megatron.parallel.groups import collective_device
@@ -54,7 +54,7 @@ def token_logprobs_from_logits(
     Rows at or beyond `vocab_size` (megatron's padding) get -inf, so they take no probability mass.
     Differentiable (the same function serves the training loss).
     """
-    cpu_compat.apply()
+    megatron_cpu.apply()
     from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
 
     logits = vocab_parallel_logits
@@ -441,7 +441,7 @@ def _unwrap(model: Any) -> Any:
 def run_schedule(agent: AgentModel, micro_batches: List[PackedBatch], forward_step: Callable[..., Any],
                  *, forward_only: bool) -> List[Any]:
     """Run megatron's pipeline schedule over `micro_batches`; the loss_func results on the last stage."""
-    cpu_compat.apply()
+    megatron_cpu.apply()
     from megatron.core.pipeline_parallel import get_forward_backward_func
     from megatron.core.pipeline_parallel.p2p_communication import P2PCommunicator
 

@@ -21,17 +21,26 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List
+from typing import Any, Callable, Dict, List, Sequence
 
 import numpy as np
 import ray
 import torch.distributed as dist
 
+from hacpo_megatron.bridge import render_prompts
 from hacpo_megatron.orchestrator.actors import call_with_restarts
 from hacpo_megatron.orchestrator.pipeline import GenerationSchedule, PhaseClock
 from hacpo_megatron.orchestrator.weight_delivery import ENGINE_RETRIES, push_all_weights, restore_restarted_engines
+from hacpo_megatron.rewards import RewardItem
 from hacpo_megatron.rollout.base import EngineWithoutWeights, SamplingParams
-from hacpo_megatron.training.step_data import render_prompts, reward_items
+
+
+def reward_items(prompts: Sequence, rollouts: Sequence) -> List[RewardItem]:
+    """One item per completion of rollouts[agent][prompt][sample], in that order, for the reward actor."""
+    return [
+        RewardItem(data_source=p.data_source, solution_str=c.text, ground_truth=p.ground_truth, extra_info=p.extra_info)
+        for agent in rollouts for p, group in zip(prompts, agent) for c in group
+    ]
 
 
 @dataclass

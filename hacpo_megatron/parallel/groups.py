@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from hacpo_megatron.config.schema import AgentConfig
-from hacpo_megatron.models import cpu_compat
+from hacpo_megatron import megatron_cpu
 from hacpo_megatron.parallel.layout import agent_rank_ranges
 
 # The decoder grid's dimensions, fastest-varying first (megatron's `order="tp-cp-ep-dp-pp"` without ep).
@@ -229,7 +229,7 @@ def initialize_megatron_globals() -> None:
     The local attention spec draws its scratch tensors from parallel_state's global memory buffer
     (a cache of reusable tensors, nothing about groups); it must exist before a forward pass.
     """
-    cpu_compat.apply()
+    megatron_cpu.apply()
     from megatron.core import parallel_state
 
     if parallel_state._GLOBAL_MEMORY_BUFFER is None:

@@ -23,7 +23,7 @@ import os
 import random
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 import numpy as np
 import ray
@@ -32,7 +32,7 @@ import torch.distributed as dist
 
 from hacpo_megatron.algorithms import CapabilityTracker, step_advantages
 from hacpo_megatron.algorithms.registry import algorithm_spec
-from hacpo_megatron.bridge import load_tokenizer
+from hacpo_megatron.bridge import load_tokenizer, render_prompts
 from hacpo_megatron.config import Config, config_to_dict, dump_config
 from hacpo_megatron.data import PromptSampler, load_prompts
 from hacpo_megatron.models.build import AgentModel
@@ -52,14 +52,12 @@ from hacpo_megatron.rollout.weight_sync import engine_rank
 from hacpo_megatron.training import checkpointing
 from hacpo_megatron.training.batch import UpdateSchedule, mini_batches
 from hacpo_megatron.training.preflight import check_device, check_inputs
+from hacpo_megatron.training.provider import ModelProvider
 from hacpo_megatron.training.step_data import (
     OldLogProbs, check_engine_logprobs, drop_overlong_prompts, engine_old_logprobs, learner_rows, own_sequences,
-    render_prompts, rewards_tensor, rollout_stats, with_learner_old_logprobs,
+    rewards_tensor, rollout_stats, with_learner_old_logprobs,
 )
 from hacpo_megatron.training.trainer import AgentTrainer, TrainHyperparams, time_gemm_peaks_in_turn
-
-# (agent config, its parallel layout, its HF config, seed) -> this rank's AgentModel with initial weights
-ModelProvider = Callable[[Any, AgentParallel, Dict[str, Any], int], AgentModel]
 
 
 @dataclass

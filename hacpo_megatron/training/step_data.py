@@ -18,7 +18,6 @@ import torch
 from hacpo_megatron.algorithms.staleness import DEFAULT_BEHAVIOUR_WEIGHT_CAP, behaviour_weights
 from hacpo_megatron.bridge import bridge_responses, render_prompt
 from hacpo_megatron.data.records import PromptRecord
-from hacpo_megatron.rewards import RewardItem
 from hacpo_megatron.rollout.base import Completion
 from hacpo_megatron.training.batch import SequenceRow
 
@@ -54,14 +53,6 @@ def check_engine_logprobs(gaps: Dict[str, Dict[str, float]], *, clip: float) -> 
                 f"{gap['rollout/logprob_diff_mean']:.2e} per token on average (max "
                 f"{gap['rollout/logprob_diff_max']:.2e}), above {bound:.1e} (a tenth of the clip range); "
                 f"use rollout.old_logprobs=trainer")
-
-
-def reward_items(prompts: Sequence[PromptRecord], rollouts: Rollouts) -> List[RewardItem]:
-    """One item per completion, in [agent][prompt][sample] order."""
-    return [
-        RewardItem(data_source=p.data_source, solution_str=c.text, ground_truth=p.ground_truth, extra_info=p.extra_info)
-        for agent in rollouts for p, group in zip(prompts, agent) for c in group
-    ]
 
 
 def rewards_tensor(scores: Sequence[float], n: int, B: int, G: int) -> torch.Tensor:
@@ -157,10 +148,6 @@ def with_learner_old_logprobs(rows: Sequence[SequenceRow], cross_token_logp: Seq
         raise ValueError(f"{len(cross_token_logp)} log-prob lists for {len(cross)} rows of other agents")
     means = iter(sum(t) / len(t) for t in cross_token_logp)
     return [dataclasses.replace(r, old_seq_logp=next(means)) if r.is_cross else r for r in rows]
-
-
-def render_prompts(tokenizer, prompts: Sequence[PromptRecord]) -> List[List[int]]:
-    return [render_prompt(tokenizer, p.messages) for p in prompts]
 
 
 def drop_overlong_prompts(prompts: Sequence[PromptRecord], tokenizers: Sequence, max_length: int

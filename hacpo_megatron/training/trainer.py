@@ -37,7 +37,7 @@ from hacpo_megatron.algorithms import (
 )
 from hacpo_megatron.algorithms.losses import LOG_RATIO_EDGES
 from hacpo_megatron.environment import return_freed_memory
-from hacpo_megatron.models import cpu_compat
+from hacpo_megatron import megatron_cpu
 from hacpo_megatron.models.build import AgentModel
 from hacpo_megatron.models.logprobs import (
     PackedBatch,
@@ -124,7 +124,7 @@ class AgentTrainer:
     """Optimisation state and updates of one agent, on every rank of that agent."""
 
     def __init__(self, agent: AgentModel, spec: AlgorithmSpec, hp: TrainHyperparams):
-        cpu_compat.apply()
+        megatron_cpu.apply()
         from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
         from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler

@@ -5,11 +5,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from hacpo_megatron.models import cpu_compat
+from hacpo_megatron import megatron_cpu
 from hacpo_megatron.models.architectures import read_architecture, transformer_config
 from hacpo_megatron.models.presets import PRESETS
 
-cpu_compat.apply()
+megatron_cpu.apply()
 
 
 def test_megatrons_compiled_swiglu_is_silu_gate_times_up_with_its_gradient():

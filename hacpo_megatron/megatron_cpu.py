@@ -112,7 +112,7 @@ def _stub_triton_only_module() -> None:
     def _needs_triton(*_args: Any, **_kwargs: Any) -> None:
         raise RuntimeError("MoE paged stash needs triton, which is not installed")
 
-    stub = types.ModuleType(name, "stub installed by hacpo_megatron.models.cpu_compat (no triton)")
+    stub = types.ModuleType(name, "stub installed by hacpo_megatron.megatron_cpu (no triton)")
     stub.GLOBAL_BLOCK_SIZE = 1024  # the value of the real module, read at import time
     stub.paged_stash_copy_kernel = _needs_triton
     stub.paged_stash_pop_kernel = _needs_triton

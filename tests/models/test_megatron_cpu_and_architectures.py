@@ -1,4 +1,4 @@
-"""cpu_compat, HF config -> megatron config, vocabulary padding: no torchrun needed."""
+"""megatron_cpu, HF config -> megatron config, vocabulary padding: no torchrun needed."""
 import subprocess
 import sys
 import textwrap
@@ -14,11 +14,11 @@ from hacpo_megatron.models.presets import PRESETS
 def test_apply_is_idempotent_and_megatron_imports_and_configures_after_it():
     script = textwrap.dedent("""
         import torch
-        from hacpo_megatron.models import cpu_compat
-        cpu_compat.apply()
-        first = cpu_compat.applied_patches()
-        cpu_compat.apply()
-        assert cpu_compat.applied_patches() == first, "second apply() changed something"
+        from hacpo_megatron import megatron_cpu
+        megatron_cpu.apply()
+        first = megatron_cpu.applied_patches()
+        megatron_cpu.apply()
+        assert megatron_cpu.applied_patches() == first, "second apply() changed something"
         if torch.cuda.is_available():
             assert first == [] or all(p.startswith("triton-stub") for p in first)
         else:
@@ -28,7 +28,7 @@ def test_apply_is_idempotent_and_megatron_imports_and_configures_after_it():
         from megatron.core import tensor_parallel
         tensor_parallel.model_parallel_cuda_manual_seed(3, tp_rank=1, ep_rank=0, etp_rank=1, force_reset_rng=True)
         tracker = tensor_parallel.get_cuda_rng_tracker()
-        # the tracker forks the CUDA generator on a GPU, the CPU one (cpu_compat) on CPU
+        # the tracker forks the CUDA generator on a GPU, the CPU one (megatron_cpu) on CPU
         device, rng_state = ("cuda", torch.cuda.get_rng_state) if torch.cuda.is_available() else ("cpu", torch.get_rng_state)
         before = rng_state()
         with tracker.fork():
