@@ -174,8 +174,10 @@ def autocast(fn, *args):
 def hf_train_update(model, optimizer, chunks, work: Workload, old_seq_logp: torch.Tensor,
                     response_logits_only: bool) -> float:
     """One optimizer update: GSPO loss summed over micro-batches (each its share of the batch mean)."""
-    from hacpo_megatron.algorithms import gspo_policy_loss
+    from hacpo_megatron.algorithms import LossParams, PolicyBatch, gspo_policy_loss, resolve_algorithm
+    from hacpo_megatron.config.schema import AlgorithmConfig
 
+    params = LossParams.from_config(AlgorithmConfig(), resolve_algorithm("gspo"))  # the trainer's: the defaults
     model.train()
     optimizer.zero_grad(set_to_none=True)
     total = 0.0
@@ -183,8 +185,10 @@ def hf_train_update(model, optimizer, chunks, work: Workload, old_seq_logp: torc
         logp = hf_response_logprobs(model, ids, work.prompt_length, work.response_length,
                                     response_logits_only=response_logits_only)
         mask = torch.ones_like(logp, dtype=torch.bool)
-        loss, _ = gspo_policy_loss(logp, mask, old_seq_logp[rows].to(DEVICE), work.advantages[rows].to(DEVICE),
-                                   num_global_seqs=len(work.sequences))
+        batch = PolicyBatch(logp, mask, work.advantages[rows].to(DEVICE), old_seq_logp[rows].to(DEVICE),
+                            torch.zeros(len(rows), dtype=torch.bool, device=DEVICE),
+                            num_global_seqs=len(work.sequences))
+        loss, _ = gspo_policy_loss(batch, params)
         loss.backward()
         total += float(loss.detach())
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)  # megatron clips at 1.0 too (grad_clip default)
@@ -426,7 +430,8 @@ def add_model_flops_utilisation(rows: List[Dict], infos: List[Dict], machine: Di
 
 def machine_info(threads: int) -> Dict:
     return dict(cpus=os.cpu_count(), processor=platform.processor() or platform.machine(),
-                torch=torch.__version__, torch_threads=threads, date=datetime.datetime.now().isoformat(timespec="seconds"),
+                torch=torch.__version__, torch_threads=threads,
+                date=datetime.datetime.now().isoformat(timespec="seconds"),
                 load_before=[round(x, 2) for x in os.getloadavg()])
 
 

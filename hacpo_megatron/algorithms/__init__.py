@@ -2,6 +2,9 @@
 from hacpo_megatron.algorithms.advantages import hacpo_advantages, modulated_advantages
 from hacpo_megatron.algorithms.capability import CapabilityTracker, batch_capabilities, capability_ratios
 from hacpo_megatron.algorithms.losses import (
+    RATIO_HISTOGRAM,
+    LossParams,
+    PolicyBatch,
     cross_clip_lower_bound,
     fitted_cross_clip_lower_bound,
     grpo_policy_loss,
@@ -24,8 +27,11 @@ from hacpo_megatron.algorithms.registry import (
 __all__ = [
     "ALGORITHMS",
     "POLICY_LOSSES",
+    "RATIO_HISTOGRAM",
     "AlgorithmSpec",
     "CapabilityTracker",
+    "LossParams",
+    "PolicyBatch",
     "StepAdvantages",
     "batch_capabilities",
     "capability_ratios",

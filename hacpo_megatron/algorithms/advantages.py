@@ -66,7 +66,8 @@ def hacpo_advantages(
     return A.to(rewards.dtype)
 
 
-def modulated_advantages(advantages: torch.Tensor, omega: torch.Tensor, gradient_modulation: bool = True) -> torch.Tensor:
+def modulated_advantages(advantages: torch.Tensor, omega: torch.Tensor,
+                         gradient_modulation: bool = True) -> torch.Tensor:
     """Effective advantages: learner k scales agent j's rows by omega[j, k] (source over learner).
 
     A~[k, j] = A[k, j] for j == k and omega[j, k] * A[k, j] otherwise (omega[k, k] = 1, so the

@@ -15,7 +15,8 @@ from hacpo_megatron.algorithms.checks import check_rewards
 CAPABILITY_FLOOR = 1e-8
 
 
-def batch_capabilities(rewards: torch.Tensor, *, reward_range: Optional[Tuple[float, float]] = (0.0, 1.0)) -> torch.Tensor:
+def batch_capabilities(rewards: torch.Tensor, *,
+                       reward_range: Optional[Tuple[float, float]] = (0.0, 1.0)) -> torch.Tensor:
     """P_k of one step: the mean of rewards[k] over all prompts and samples. rewards: [n, B, G] -> [n]."""
     check_rewards(rewards, reward_range=reward_range)
     return rewards.to(torch.float64).mean(dim=(1, 2))

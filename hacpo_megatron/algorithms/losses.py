@@ -1,7 +1,10 @@
 """Policy losses: HACPO (own rows GSPO, other agents' rows exponential IS + stepwise clip), GSPO, GRPO.
 
-All take per-token log-probs `logp` [N, T] of the learner and a response `mask` [N, T] (True on the
-response tokens), and return `(loss, metrics)`.
+One signature for all three, `loss(batch, params) -> (loss, metrics)`: a `PolicyBatch` (the learner's
+per-token log-probs `logp` [N, T], the response `mask` [N, T], advantages, old log-probs, which rows are
+other agents') and the `LossParams` read once from the config's `algorithm:` section. Each loss computes
+what it needs once and reports its own metrics (HACPO: the clip bound it used, the other agents' ratios
+as a histogram for the fitted bound).
 
 Aggregation and micro-batches: the HACPO and GSPO losses are the mean over sequences of each
 sequence's token-mean loss; GRPO's is the token-mean over all response tokens. When a mini-batch is
@@ -16,7 +19,8 @@ of the sequence's loss" is that value; its gradient is s * mean_t grad log pi(y_
 from __future__ import annotations
 
 import math
-from typing import Dict, Optional, Tuple
+from dataclasses import dataclass
+from typing import Any, Dict, Optional, Tuple
 
 import torch
 
@@ -27,7 +31,48 @@ MAX_LOG_SEQ_RATIO = 10.0
 # GRPO's token log-ratio is clamped to +-20 before exp, as verl does, to keep exp finite.
 MAX_ABS_LOG_TOKEN_RATIO = 20.0
 
-Metrics = Dict[str, float]
+Metrics = Dict[str, Any]  # floats, and HACPO's ratio histogram (a tensor of counts)
+# HACPO's metric: how many of the other agents' sequence ratios fall in each bin of LOG_RATIO_EDGES
+RATIO_HISTOGRAM = "cross_log_ratio_histogram"
+
+
+@dataclass(frozen=True)
+class LossParams:
+    """The policy losses' hyperparameters: the config's `algorithm:` values (their defaults live in the config
+    schema) and the algorithm's clip switches, read once per trainer."""
+
+    clip_low: float  # GSPO's clip on own rows: s in [1 - clip_low, 1 + clip_high]
+    clip_high: float
+    grpo_clip_low: float  # GRPO's token clip
+    grpo_clip_high: float
+    alpha: float  # exponential importance sampling: sg(s)^alpha
+    delta: float  # the cross clip's lower bound starts at 1 - delta ...
+    delta_step: float  # ... and rises by delta_step per update of the step
+    cross_clip: bool = True  # ablation switches of HACPO (AlgorithmSpec)
+    stepwise_clip: bool = True
+
+    @classmethod
+    def from_config(cls, algorithm, spec) -> "LossParams":
+        """From a config's `algorithm:` section (or anything with its clip fields) and an AlgorithmSpec."""
+        fields = ("clip_low", "clip_high", "grpo_clip_low", "grpo_clip_high", "alpha", "delta", "delta_step")
+        return cls(**{f: getattr(algorithm, f) for f in fields}, cross_clip=spec.cross_clip,
+                   stepwise_clip=spec.stepwise_clip)
+
+
+@dataclass(frozen=True)
+class PolicyBatch:
+    """A micro-batch as a policy loss sees it: N responses, each padded to T tokens."""
+
+    logp: torch.Tensor  # [N, T] the learner's log-probs of the response tokens (with gradient)
+    mask: torch.Tensor  # [N, T] True on response tokens
+    advantages: torch.Tensor  # [N] effective advantages (omega applied on other agents' rows)
+    old_seq_logp: torch.Tensor  # [N] own rows: mean old log-prob; other agents' rows: source sum / L_j
+    is_cross: torch.Tensor  # [N] bool: another agent's response
+    old_token_logp: Optional[torch.Tensor] = None  # [N, T] GRPO's token-level old log-probs
+    cross_clip_lower: Optional[float] = None  # HACPO: lo of this update (cross_clip_lower_bound), required
+    # the mini-batch's global counts (see above): each call returns its share; None: this batch alone
+    num_global_seqs: Optional[float] = None
+    num_global_tokens: Optional[float] = None
 
 
 def masked_row_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -62,10 +107,11 @@ LOG_RATIO_EDGES = torch.linspace(-12.0, 0.0, 241, dtype=torch.float64)
 
 
 def log_ratio_histogram(s: torch.Tensor) -> torch.Tensor:
-    """How many ratios fall in each bin of LOG_RATIO_EDGES (float64 counts, len(LOG_RATIO_EDGES) bins)."""
+    """How many ratios fall in each bin of LOG_RATIO_EDGES (float64 counts, len(LOG_RATIO_EDGES) bins), on s's
+    device."""
     log_s = torch.log(s.detach().double().clamp_min(1e-300))
     bins = (torch.bucketize(log_s, LOG_RATIO_EDGES.to(log_s.device), right=True) - 1).clamp(0, len(LOG_RATIO_EDGES) - 1)
-    return torch.bincount(bins.cpu(), minlength=len(LOG_RATIO_EDGES)).double()
+    return torch.bincount(bins, minlength=len(LOG_RATIO_EDGES)).double()  # on s's device: no copy to the host
 
 
 def fitted_cross_clip_lower_bound(counts: torch.Tensor, quantile: float) -> Optional[float]:
@@ -76,7 +122,8 @@ def fitted_cross_clip_lower_bound(counts: torch.Tensor, quantile: float) -> Opti
     total = float(counts.sum())
     if total <= 0:
         return None
-    first = int(torch.searchsorted(torch.cumsum(counts.double(), 0), torch.tensor(quantile * total, dtype=torch.float64)))
+    first = int(torch.searchsorted(torch.cumsum(counts.double(), 0),
+                                   torch.tensor(quantile * total, dtype=torch.float64)))
     return math.exp(float(LOG_RATIO_EDGES[min(first, len(LOG_RATIO_EDGES) - 1)]))
 
 
@@ -122,122 +169,92 @@ def _check_clip(clip_low: float, clip_high: float) -> None:
         raise ValueError(f"clip range needs 0 <= clip_low < 1 and clip_high >= 0, got {clip_low}, {clip_high}")
 
 
-def hacpo_policy_loss(
-    logp: torch.Tensor,
-    mask: torch.Tensor,
-    old_seq_logp: torch.Tensor,
-    advantages: torch.Tensor,
-    is_cross: torch.Tensor,
-    *,
-    update_index: int,
-    clip_low: float = 3e-4,
-    clip_high: float = 4e-4,
-    alpha: float = 1.0,
-    delta: float = 0.2,
-    delta_step: float = 0.025,
-    cross_clip: bool = True,
-    stepwise_clip: bool = True,
-    fitted_lower: Optional[float] = None,
-    num_global_seqs: Optional[float] = None,
-) -> Tuple[torch.Tensor, Metrics]:
+def hacpo_policy_loss(batch: PolicyBatch, params: LossParams) -> Tuple[torch.Tensor, Metrics]:
     """The HACPO loss of one learner on a mini-batch of own and other agents' rows.
 
     Own rows (is_cross False): GSPO, s = exp(mean log pi_k - old_seq_logp), loss -min(sA, clip(s)A).
     Other agents' rows: s = exp(mean over the L_k learner tokens of log pi_k - source sum / L_j),
-    loss -clip(s, lo_m, 1) * sg(s)^alpha * A with lo_m = min(1, 1 - delta + m * delta_step).
-    `advantages` are the effective ones (omega already applied to other agents' rows); `update_index`
-    is m, the 0-based index of this mini-batch update within the step.
+    loss -clip(s, lo_m, 1) * sg(s)^alpha * A, with lo_m = `batch.cross_clip_lower`, the bound of this update
+    (`cross_clip_lower_bound`: min(1, 1 - delta + m * delta_step), or a fitted one, beyond the paper).
     Switches: `cross_clip=False` (no cross clip ablation), `stepwise_clip=False` (constant lo = 1 - delta).
-    `fitted_lower`: a bound fitted to the pair's ratios (beyond the paper): lo = min(lo_m, fitted_lower).
     """
-    check_sequence_batch(logp, mask, old_seq_logp=old_seq_logp, advantages=advantages, is_cross=is_cross)
-    _check_clip(clip_low, clip_high)
-    if alpha < 0:
-        raise ValueError(f"alpha must be >= 0, got {alpha}")
-    if not (0 < delta < 1):
-        raise ValueError(f"delta must be in (0, 1), got {delta}")
-    lower = cross_clip_lower_bound(update_index, delta, delta_step, stepwise=stepwise_clip, fitted=fitted_lower)
-    is_cross = is_cross.bool()
-    advantages = advantages.to(logp.dtype)
+    logp, mask, is_cross, lower = batch.logp, batch.mask, batch.is_cross.bool(), batch.cross_clip_lower
+    check_sequence_batch(logp, mask, old_seq_logp=batch.old_seq_logp, advantages=batch.advantages, is_cross=is_cross)
+    _check_clip(params.clip_low, params.clip_high)
+    if params.alpha < 0:
+        raise ValueError(f"alpha must be >= 0, got {params.alpha}")
+    if not (0 < params.delta < 1):
+        raise ValueError(f"delta must be in (0, 1), got {params.delta}")
+    if lower is None:
+        raise ValueError("HACPO needs the batch's cross_clip_lower (cross_clip_lower_bound of its update)")
+    advantages = batch.advantages.to(logp.dtype)
 
-    s = sequence_ratio(logp, mask, old_seq_logp)
-    own_losses = _own_sequence_losses(s, advantages, clip_low, clip_high)
-    cross_losses = _cross_sequence_losses(s, advantages, lower=lower, alpha=alpha, cross_clip=cross_clip)
+    s = sequence_ratio(logp, mask, batch.old_seq_logp)
+    own_losses = _own_sequence_losses(s, advantages, params.clip_low, params.clip_high)
+    cross_losses = _cross_sequence_losses(s, advantages, lower=lower, alpha=params.alpha, cross_clip=params.cross_clip)
     per_row = torch.where(is_cross, cross_losses, own_losses)
-    loss = per_row.sum() / _denominator(num_global_seqs, logp.shape[0], "num_global_seqs")
+    loss = per_row.sum() / _denominator(batch.num_global_seqs, logp.shape[0], "num_global_seqs")
 
     with torch.no_grad():
         s_own, s_cross = s[~is_cross], s[is_cross]
         # another agent's answers that the learner should move toward (above its baseline: with 0/1 rewards, the
         # right ones) and, of those, the ones whose ratio lets the gradient through the clip
         positive = advantages[is_cross] > 0
-        passes = (s_cross >= lower) & (s_cross <= 1.0) if cross_clip else torch.ones_like(positive)
+        passes = (s_cross >= lower) & (s_cross <= 1.0) if params.cross_clip else torch.ones_like(positive)
         metrics = {
             "own_ratio_mean": _mean(s_own),
             "cross_ratio_mean": _mean(s_cross),
-            "own_clip_frac_lower": _fraction(s_own < 1.0 - clip_low),
-            "own_clip_frac_upper": _fraction(s_own > 1.0 + clip_high),
-            "cross_clip_frac_lower": _fraction(s_cross < lower) if cross_clip else 0.0,
-            "cross_clip_frac_upper": _fraction(s_cross > 1.0) if cross_clip else 0.0,
+            "own_clip_frac_lower": _fraction(s_own < 1.0 - params.clip_low),
+            "own_clip_frac_upper": _fraction(s_own > 1.0 + params.clip_high),
+            "cross_clip_frac_lower": _fraction(s_cross < lower) if params.cross_clip else 0.0,
+            "cross_clip_frac_upper": _fraction(s_cross > 1.0) if params.cross_clip else 0.0,
             "cross_positive_frac": _fraction(positive),
             "cross_positive_inside_frac": _fraction(positive & passes),
             "cross_clip_lower_bound": lower,
             "num_own": float(s_own.numel()),
             "num_cross": float(s_cross.numel()),
         }
-    return loss, _to_floats(metrics)
+        histogram = log_ratio_histogram(s_cross)
+    return loss, {**_to_floats(metrics), RATIO_HISTOGRAM: histogram}
 
 
-def gspo_policy_loss(
-    logp: torch.Tensor,
-    mask: torch.Tensor,
-    old_seq_logp: torch.Tensor,
-    advantages: torch.Tensor,
-    *,
-    clip_low: float = 3e-4,
-    clip_high: float = 4e-4,
-    num_global_seqs: Optional[float] = None,
-) -> Tuple[torch.Tensor, Metrics]:
-    """GSPO: sequence ratio, -min(sA, clip(s, 1 - eps_low, 1 + eps_high)A), mean over sequences."""
-    check_sequence_batch(logp, mask, old_seq_logp=old_seq_logp, advantages=advantages)
-    _check_clip(clip_low, clip_high)
-    s = sequence_ratio(logp, mask, old_seq_logp)
-    per_row = _own_sequence_losses(s, advantages.to(logp.dtype), clip_low, clip_high)
-    loss = per_row.sum() / _denominator(num_global_seqs, logp.shape[0], "num_global_seqs")
+def gspo_policy_loss(batch: PolicyBatch, params: LossParams) -> Tuple[torch.Tensor, Metrics]:
+    """GSPO: sequence ratio, -min(sA, clip(s, 1 - eps_low, 1 + eps_high)A), mean over sequences. Every row is
+    taken as the learner's own (Naive's other agents' rows too)."""
+    logp, mask = batch.logp, batch.mask
+    check_sequence_batch(logp, mask, old_seq_logp=batch.old_seq_logp, advantages=batch.advantages)
+    _check_clip(params.clip_low, params.clip_high)
+    s = sequence_ratio(logp, mask, batch.old_seq_logp)
+    per_row = _own_sequence_losses(s, batch.advantages.to(logp.dtype), params.clip_low, params.clip_high)
+    loss = per_row.sum() / _denominator(batch.num_global_seqs, logp.shape[0], "num_global_seqs")
     with torch.no_grad():
         metrics = {
             "own_ratio_mean": _mean(s),
-            "own_clip_frac_lower": _fraction(s < 1.0 - clip_low),
-            "own_clip_frac_upper": _fraction(s > 1.0 + clip_high),
+            "own_clip_frac_lower": _fraction(s < 1.0 - params.clip_low),
+            "own_clip_frac_upper": _fraction(s > 1.0 + params.clip_high),
             "num_own": float(s.numel()),
         }
     return loss, _to_floats(metrics)
 
 
-def grpo_policy_loss(
-    logp: torch.Tensor,
-    mask: torch.Tensor,
-    old_logp: torch.Tensor,
-    advantages: torch.Tensor,
-    *,
-    clip_low: float = 0.2,
-    clip_high: float = 0.28,
-    num_global_tokens: Optional[float] = None,
-) -> Tuple[torch.Tensor, Metrics]:
+def grpo_policy_loss(batch: PolicyBatch, params: LossParams) -> Tuple[torch.Tensor, Metrics]:
     """GRPO (DAPO clip-higher): token ratio r_t, -min(r_t A, clip(r_t) A), token-mean over all tokens."""
-    check_sequence_batch(logp, mask, advantages=advantages)
-    if old_logp.shape != logp.shape:
-        raise ValueError(f"old_logp must be [N, T] like logp, got {tuple(old_logp.shape)}")
+    logp, mask, old_logp = batch.logp, batch.mask, batch.old_token_logp
+    clip_low, clip_high = params.grpo_clip_low, params.grpo_clip_high
+    check_sequence_batch(logp, mask, advantages=batch.advantages)
+    if old_logp is None or old_logp.shape != logp.shape:
+        shape = None if old_logp is None else tuple(old_logp.shape)
+        raise ValueError(f"GRPO needs old_token_logp [N, T] like logp, got {shape}")
     _check_clip(clip_low, clip_high)
     valid = mask.bool()
     log_ratio = torch.where(valid, logp - old_logp.to(logp.dtype), torch.zeros_like(logp))
     r = torch.exp(log_ratio.clamp(-MAX_ABS_LOG_TOKEN_RATIO, MAX_ABS_LOG_TOKEN_RATIO))
-    A = advantages.to(logp.dtype)[:, None]
+    A = batch.advantages.to(logp.dtype)[:, None]
     clipped = r.clamp(min=1.0 - clip_low, max=1.0 + clip_high)
     per_token = torch.maximum(-r * A, -clipped * A)
     total_tokens = int(valid.sum().item())
     loss = torch.where(valid, per_token, torch.zeros_like(per_token)).sum() / _denominator(
-        num_global_tokens, total_tokens, "num_global_tokens"
+        batch.num_global_tokens, total_tokens, "num_global_tokens"
     )
     with torch.no_grad():
         r_valid = r[valid]

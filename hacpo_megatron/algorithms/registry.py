@@ -1,12 +1,12 @@
 """Algorithms by name: HACPO, its baselines, and its ablations, as switches over one code path.
 
-| name     | shares rollouts | advantage baseline     | omega | loss on other agents' rows | their old log-prob    | M (paper) |
-| -------- | --------------- | ---------------------- | ----- | -------------------------- | --------------------- | --------- |
-| hacpo    | yes             | capability-aware       | yes   | exp. IS + stepwise clip    | source's sum / L_j    | n*B/mini = 4 |
-| naive    | yes             | plain joint-group mean | no    | same GSPO loss as own rows | learner's own (old)   | n*B/mini = 4 |
-| gspo     | no              | own group (GRPO-style) | -     | -                          | -                     | B/mini = 2 |
-| gspo_x2  | no, 2G samples  | own group              | -     | -                          | -                     | 2B/mini = 4 |
-| grpo     | no, token-level ratio loss                                                    | -         | B/mini = 2 |
+|name   |shares rollouts|advantage baseline    |omega|loss on other agents' rows|their old log-prob |M (paper)   |
+|-------|---------------|----------------------|-----|--------------------------|-------------------|------------|
+|hacpo  |yes            |capability-aware      |yes  |exp. IS + stepwise clip   |source's sum / L_j |n*B/mini = 4|
+|naive  |yes            |plain joint-group mean|no   |same GSPO loss as own rows|learner's own (old)|n*B/mini = 4|
+|gspo   |no             |own group (GRPO-style)|-    |-                         |-                  |B/mini = 2  |
+|gspo_x2|no, 2G samples |own group             |-    |-                         |-                  |2B/mini = 4 |
+|grpo   |no, token-level ratio loss                                             |-                  |B/mini = 2  |
 
 M, the updates per step, follows from every update seeing `train.mini_batch_size` x G responses
 (training/batch.py: UpdateSchedule); the paper's B = 128, mini-batch 64, G = 8 give the last column.
@@ -49,6 +49,11 @@ class AlgorithmSpec:
     samples_multiplier: int = 1  # GSPO x2: 2G samples per prompt (and so twice the updates)
     cross_old_logprob: str = "source"  # other agents' rows: "source" (sum / L_j) or "learner" (its own old)
 
+    @property
+    def token_level(self) -> bool:
+        """Its loss takes token-level ratios (GRPO), so each row's per-token old log-probs."""
+        return self.policy_loss == "grpo"
+
 
 ALGORITHMS = {
     "hacpo": AlgorithmSpec("hacpo", policy_loss="hacpo", share_rollouts=True),
@@ -59,6 +64,8 @@ ALGORITHMS = {
     "grpo": AlgorithmSpec("grpo", policy_loss="grpo", share_rollouts=False),
 }
 
+# every policy loss has one signature, loss(PolicyBatch, LossParams) -> (loss, metrics): the trainer calls
+# POLICY_LOSSES[spec.policy_loss] and branches on nothing
 POLICY_LOSSES = {"hacpo": hacpo_policy_loss, "gspo": gspo_policy_loss, "grpo": grpo_policy_loss}
 
 ABLATION_SWITCHES = ("capability_aware_advantage", "gradient_modulation", "cross_clip", "stepwise_clip")
@@ -120,7 +127,8 @@ def step_advantages(
     n = rewards.shape[0]
     if spec.share_rollouts:
         omega = capability_ratios(capabilities, clamp=omega_clamp)
-        A = hacpo_advantages(rewards, omega, capability_aware=spec.capability_aware_advantage, eps=eps, reward_range=reward_range)
+        A = hacpo_advantages(rewards, omega, capability_aware=spec.capability_aware_advantage, eps=eps,
+                             reward_range=reward_range)
         effective = modulated_advantages(A, omega, gradient_modulation=spec.gradient_modulation)
         trains_on = torch.ones(n, n, dtype=torch.bool)
         return StepAdvantages(omega, effective, trains_on)
@@ -128,6 +136,7 @@ def step_advantages(
     omega = torch.ones(n, n, dtype=torch.float64)
     effective = torch.zeros((n, n) + tuple(rewards.shape[1:]), dtype=rewards.dtype)
     for k in range(n):
-        own = hacpo_advantages(rewards[k : k + 1], omega[:1, :1], capability_aware=False, eps=eps, reward_range=reward_range)
+        own = hacpo_advantages(rewards[k : k + 1], omega[:1, :1], capability_aware=False, eps=eps,
+                               reward_range=reward_range)
         effective[k, k] = own[0, 0]
     return StepAdvantages(omega, effective, torch.eye(n, dtype=torch.bool))

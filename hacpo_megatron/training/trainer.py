@@ -32,8 +32,8 @@ import torch
 import torch.distributed as dist
 
 from hacpo_megatron.algorithms import (
-    POLICY_LOSSES, AlgorithmSpec, cross_clip_lower_bound, fitted_cross_clip_lower_bound, log_ratio_histogram,
-    low_var_kl_penalty, sequence_ratio,
+    POLICY_LOSSES, RATIO_HISTOGRAM, AlgorithmSpec, LossParams, PolicyBatch, cross_clip_lower_bound,
+    fitted_cross_clip_lower_bound, low_var_kl_penalty,
 )
 from hacpo_megatron.algorithms.losses import LOG_RATIO_EDGES
 from hacpo_megatron.environment import return_freed_memory
@@ -91,7 +91,7 @@ def time_gemm_peaks_in_turn(trainers: Sequence["AgentTrainer"]) -> None:
     for rank in range(dist.get_world_size()):
         if rank == dist.get_rank():
             for trainer in trainers:
-                trainer.gemm_peak
+                _ = trainer.gemm_peak  # the property times the peak on first use and caches it
         dist.barrier()
 
 
@@ -130,6 +130,8 @@ class AgentTrainer:
         from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
         self.spec, self.hp, self.parallel = spec, hp, agent.parallel
+        self.loss_params = LossParams.from_config(hp, spec)
+        self.policy_loss = POLICY_LOSSES[spec.policy_loss]
         config = agent.config
         config.calculate_per_token_loss = True  # see the module docstring: keep losses, sum gradients
         config.finalize_model_grads_func = partial(_finalize_grads, pg_collection=agent.parallel.pg_collection)
@@ -224,7 +226,8 @@ class AgentTrainer:
         computed = rows_with_gradient(mini_batch, kl_coef=self.hp.kl_coef)  # zero-advantage rows: no gradient
         shard = data_parallel_shard(computed, self.parallel.dp_rank, self.parallel.dp_size)
         chunks, packed = self._micro_batches(shard)
-        loss_fn = partial(self._micro_batch_loss, chunks=dict(zip(map(id, packed), chunks)), update_index=update_index,
+        lower = self._cross_clip_lower(update_index)
+        loss_fn = partial(self._micro_batch_loss, chunks=dict(zip(map(id, packed), chunks)), cross_clip_lower=lower,
                           global_seqs=global_seqs, global_own_seqs=global_own_seqs, global_tokens=global_tokens)
 
         self.ddp_model.train()
@@ -238,16 +241,15 @@ class AgentTrainer:
         out = self._reduce_metrics(results)  # its copy to the host also waits for a GPU's queued work
         histogram = out.pop(RATIO_HISTOGRAM, None)
         if histogram is not None:
-            self._step_ratio_histogram = histogram if self._step_ratio_histogram is None else self._step_ratio_histogram + histogram
+            self._step_ratio_histogram = (histogram if self._step_ratio_histogram is None
+                                          else self._step_ratio_histogram + histogram)
         flops_per_s = out.pop("model_flops") / (time.perf_counter() - start)  # every replica's rows
         # rows as the loss sees them: only HACPO's tells other agents' rows apart (Naive's GSPO takes them as own)
         num_cross = global_seqs - global_own_seqs if self.spec.policy_loss == "hacpo" else 0
         out.update(num_own=float(global_seqs - num_cross), num_cross=float(num_cross),
                    num_skipped_zero_advantage=float(global_seqs - len(computed)), **_packing_metrics(packed))
-        if self.spec.policy_loss == "hacpo":
-            out["cross_clip_lower_bound"] = cross_clip_lower_bound(update_index, self.hp.delta, self.hp.delta_step,
-                                                                   stepwise=self.spec.stepwise_clip,
-                                                                   fitted=self.cross_clip_fitted)
+        if lower is not None:
+            out["cross_clip_lower_bound"] = lower
         out.update(update_index=float(update_index), grad_norm=float(grad_norm) if grad_norm is not None else math.nan,
                    lr=float(self.optimizer.param_groups[0]["lr"]), update_skipped=float(not success),
                    **{"perf/model_flops_per_s": flops_per_s, "perf/gemm_peak_flops_per_s": peak,
@@ -269,12 +271,21 @@ class AgentTrainer:
                                  share_prompts=self.share_prompts, row_tokens=budget) for chunk in chunks]
         return chunks, packed
 
+    def _cross_clip_lower(self, update_index: int) -> Optional[float]:
+        """HACPO's cross clip lower bound for update m of this step (None for the other losses): the paper's
+        stepwise bound, or the bound fitted to the last step's ratios where lower (cross_clip_fit_quantile)."""
+        if self.spec.policy_loss != "hacpo":
+            return None
+        return cross_clip_lower_bound(update_index, self.loss_params.delta, self.loss_params.delta_step,
+                                      stepwise=self.spec.stepwise_clip, fitted=self.cross_clip_fitted)
+
     def _finalize_without_data(self) -> list:
         self.agent.config.finalize_model_grads_func([self.ddp_model], None)
         return []
 
-    def _micro_batch_loss(self, token_logprobs: torch.Tensor, packed: PackedBatch, *, chunks, update_index: int,
-                          global_seqs: int, global_own_seqs: int, global_tokens: int):
+    def _micro_batch_loss(self, token_logprobs: torch.Tensor, packed: PackedBatch, *, chunks,
+                          cross_clip_lower: Optional[float], global_seqs: int, global_own_seqs: int,
+                          global_tokens: int):
         """The policy loss of one micro-batch as its share of the mini-batch mean (+ optional KL)."""
         chunk: List[SequenceRow] = chunks[id(packed)]
         rows = [chunk[i] for i in packed.indices.tolist()]  # in the packed order (shared prompts group them)
@@ -282,36 +293,25 @@ class AgentTrainer:
         width = int(packed.response_lengths.max())
         logp = packed.response_logprobs(token_logprobs, width)
         mask = torch.arange(width, device=device)[None, :] < packed.response_lengths.to(device)[:, None]
-        advantages = torch.tensor([r.advantage for r in rows], dtype=torch.float32, device=device)
-        old_seq = torch.tensor([r.old_seq_logp for r in rows], dtype=torch.float32, device=device)
         is_cross = torch.tensor([r.is_cross for r in rows], dtype=torch.bool, device=device)
-        hp = self.hp
-        kind = self.spec.policy_loss
-        if kind == "hacpo":
-            loss, metrics = POLICY_LOSSES["hacpo"](
-                logp, mask, old_seq, advantages, is_cross, update_index=update_index, clip_low=hp.clip_low,
-                clip_high=hp.clip_high, alpha=hp.alpha, delta=hp.delta, delta_step=hp.delta_step,
-                cross_clip=self.spec.cross_clip, stepwise_clip=self.spec.stepwise_clip,
-                fitted_lower=self.cross_clip_fitted, num_global_seqs=global_seqs)
-        elif kind == "gspo":  # also Naive: other agents' rows take the same loss as own rows
-            loss, metrics = POLICY_LOSSES["gspo"](logp, mask, old_seq, advantages, clip_low=hp.clip_low,
-                                                  clip_high=hp.clip_high, num_global_seqs=global_seqs)
-        elif kind == "grpo":
-            old_tokens = _padded([r.old_token_logp for r in rows], width, device)
-            loss, metrics = POLICY_LOSSES["grpo"](logp, mask, old_tokens, advantages, clip_low=hp.grpo_clip_low,
-                                                  clip_high=hp.grpo_clip_high, num_global_tokens=global_tokens)
-        else:
-            raise ValueError(f"unknown policy loss {kind!r}")
+        batch = PolicyBatch(
+            logp, mask, is_cross=is_cross, cross_clip_lower=cross_clip_lower,
+            advantages=torch.tensor([r.advantage for r in rows], dtype=torch.float32, device=device),
+            old_seq_logp=torch.tensor([r.old_seq_logp for r in rows], dtype=torch.float32, device=device),
+            old_token_logp=_padded([r.old_token_logp for r in rows], width, device) if self.spec.token_level else None,
+            num_global_seqs=global_seqs, num_global_tokens=global_tokens)
+        loss, metrics = self.policy_loss(batch, self.loss_params)
+        histogram = metrics.pop(RATIO_HISTOGRAM, None)  # HACPO's: counts of the other agents' ratios
         own = ~is_cross
-        if hp.kl_coef > 0 and bool(own.any()):
+        if self.hp.kl_coef > 0 and bool(own.any()):
             ref = _padded([r.ref_token_logp for r, is_own in zip(rows, own.tolist()) if is_own], width, device)
             kl = low_var_kl_penalty(logp[own], ref, mask[own], num_global_seqs=global_own_seqs)
-            loss = loss + hp.kl_coef * kl
+            loss = loss + self.hp.kl_coef * kl
             metrics["kl"] = float(kl.detach()) * global_own_seqs  # a sum over own rows; _reduce_metrics divides
         weighted = {k: torch.tensor(v * _weight(k, metrics, float(len(rows)))) for k, v in metrics.items()
-                    if not math.isnan(v) and k != "cross_clip_lower_bound"}  # _update sets the bound itself
+                    if not math.isnan(v) and k != "cross_clip_lower_bound"}  # _update reports the bound
         if self._fits_cross_clip:  # this micro-batch's share of the counts the next step's bound is fitted to
-            weighted[RATIO_HISTOGRAM] = log_ratio_histogram(sequence_ratio(logp.detach(), mask, old_seq)[is_cross])
+            weighted[RATIO_HISTOGRAM] = histogram.cpu()
         weighted["loss"] = loss.detach().float().cpu()
         weighted["model_flops"] = torch.tensor(training_flops(self.agent.arch, packed.layout), dtype=torch.float64)
         return loss, torch.ones((), dtype=torch.int), weighted
@@ -352,10 +352,10 @@ class AgentTrainer:
         return self.hp.cross_clip_fit_quantile is not None and self.spec.policy_loss == "hacpo" and self.spec.cross_clip
 
 
-RATIO_HISTOGRAM = "cross_log_ratio_histogram"  # counts of the other agents' log s per bin (LOG_RATIO_EDGES)
 # fractions of the other agents' rows: below / above the cross clip; with a positive advantage; and those that also
 # pass the clip (the other agents' good answers that moved the learner)
-CROSS_FRACTIONS = ("cross_clip_frac_lower", "cross_clip_frac_upper", "cross_positive_frac", "cross_positive_inside_frac")
+CROSS_FRACTIONS = ("cross_clip_frac_lower", "cross_clip_frac_upper", "cross_positive_frac",
+                   "cross_positive_inside_frac")
 
 
 def _packing_metrics(packed: Sequence[PackedBatch]) -> Dict[str, float]:

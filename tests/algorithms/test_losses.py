@@ -1,18 +1,51 @@
+import dataclasses
 import math
 
 import pytest
 import torch
 
 from hacpo_megatron.algorithms import (
+    LossParams,
+    PolicyBatch,
     cross_clip_lower_bound,
     fitted_cross_clip_lower_bound,
-    grpo_policy_loss,
-    gspo_policy_loss,
-    hacpo_policy_loss,
     log_ratio_histogram,
     low_var_kl_penalty,
 )
+from hacpo_megatron.algorithms import losses as policy_losses
+from hacpo_megatron.algorithms.registry import resolve_algorithm
+from hacpo_megatron.config.schema import AlgorithmConfig
 from tests.algorithms.reference import ref_seq_loss
+
+
+# The tests below call each loss with its tensors and hyperparameters by name; these build the one signature every
+# loss has, loss(PolicyBatch, LossParams), with the config schema's defaults (the paper's) for what they leave out.
+def _params(spec="hacpo", **overrides) -> LossParams:
+    return LossParams.from_config(dataclasses.replace(AlgorithmConfig(), **overrides), resolve_algorithm(spec))
+
+
+def hacpo_policy_loss(logp, mask, old_seq_logp, advantages, is_cross, *, update_index, cross_clip=True,
+                      stepwise_clip=True, fitted_lower=None, num_global_seqs=None, **hyperparameters):
+    params = dataclasses.replace(_params(**hyperparameters), cross_clip=cross_clip, stepwise_clip=stepwise_clip)
+    lower = cross_clip_lower_bound(update_index, params.delta, params.delta_step, stepwise=stepwise_clip,
+                                   fitted=fitted_lower)
+    batch = PolicyBatch(logp, mask, advantages, old_seq_logp, is_cross, cross_clip_lower=lower,
+                        num_global_seqs=num_global_seqs)
+    return policy_losses.hacpo_policy_loss(batch, params)
+
+
+def gspo_policy_loss(logp, mask, old_seq_logp, advantages, *, num_global_seqs=None, **hyperparameters):
+    batch = PolicyBatch(logp, mask, advantages, old_seq_logp, torch.zeros(len(logp), dtype=torch.bool),
+                        num_global_seqs=num_global_seqs)
+    return policy_losses.gspo_policy_loss(batch, _params("gspo", **hyperparameters))
+
+
+def grpo_policy_loss(logp, mask, old_logp, advantages, *, clip_low=None, clip_high=None, num_global_tokens=None):
+    clip = {k: v for k, v in (("grpo_clip_low", clip_low), ("grpo_clip_high", clip_high)) if v is not None}
+    batch = PolicyBatch(logp, mask, advantages, torch.zeros(len(logp), dtype=logp.dtype),
+                        torch.zeros(len(logp), dtype=torch.bool), old_token_logp=old_logp,
+                        num_global_tokens=num_global_tokens)
+    return policy_losses.grpo_policy_loss(batch, _params("grpo", **clip))
 
 
 def random_batch(N=12, T=9, seed=0, dtype=torch.float64, cross_fraction=0.5):
@@ -107,8 +140,9 @@ def test_fitted_cross_clip_bound_by_hand():
     assert fitted_cross_clip_lower_bound(counts, 0.5) == pytest.approx(math.exp(-0.60))
     assert fitted_cross_clip_lower_bound(counts, 0.2) == pytest.approx(math.exp(-2.35))
     assert fitted_cross_clip_lower_bound(counts, 0.9) == 1.0
-    assert fitted_cross_clip_lower_bound(counts + log_ratio_histogram(torch.tensor([0.51, 0.52])), 0.5) == pytest.approx(
-        math.exp(-0.70))  # two more at log s -0.673, -0.654 (bin 226): the 4th of 7 (0.52) is in bin 226, [-0.70, -0.65)
+    # two more at log s -0.673, -0.654 (bin 226): the 4th of 7 (0.52) is in bin 226, [-0.70, -0.65)
+    assert fitted_cross_clip_lower_bound(counts + log_ratio_histogram(torch.tensor([0.51, 0.52])), 0.5) == (
+        pytest.approx(math.exp(-0.70)))
     assert fitted_cross_clip_lower_bound(torch.zeros(241), 0.5) is None  # nothing measured: no fit
     assert log_ratio_histogram(torch.tensor([1e-9]))[0] == 1  # far below the range: the first bin
     # the bound: the lower of the paper's and the fitted one
@@ -159,7 +193,8 @@ def test_hacpo_loss_matches_reference(seed, m, alpha):
     assert metrics["num_own"] + metrics["num_cross"] == logp.shape[0]
 
 
-def _reference_loss_autograd(logp, mask, old, adv, is_cross, m, alpha, eps_low=3e-4, eps_high=4e-4, delta=0.2, step=0.025):
+def _reference_loss_autograd(logp, mask, old, adv, is_cross, m, alpha, eps_low=3e-4, eps_high=4e-4, delta=0.2,
+                             step=0.025):
     """Per-sequence loop in float64 autograd: an independent way to the same gradient."""
     total = 0.0
     for r in range(logp.shape[0]):
@@ -276,7 +311,8 @@ def test_empty_response_rows_are_rejected():
 
 @pytest.mark.parametrize(
     "kwargs,message",
-    [({"alpha": -1.0}, "alpha"), ({"delta": 1.0}, "delta"), ({"delta": 0.0}, "delta"), ({"update_index": -1}, "update_index")],
+    [({"alpha": -1.0}, "alpha"), ({"delta": 1.0}, "delta"), ({"delta": 0.0}, "delta"),
+     ({"update_index": -1}, "update_index")],
 )
 def test_bad_hyperparameters_are_rejected(kwargs, message):
     logp, mask, old, adv, is_cross = random_batch(seed=0)
