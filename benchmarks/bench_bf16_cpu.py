@@ -48,7 +48,8 @@ def trainer_for(folder: str, dtype: torch.dtype, parallel) -> AgentTrainer:
     hf_config = load_hf_config_dict(folder)
     agent = build_agent_model(hf_config, parallel, seed=1, params_dtype=dtype)
     load_hf_state_dict_into_model(agent.model, HFWeights(folder), hf_config, parallel)
-    return AgentTrainer(agent, algorithm_spec(AlgorithmConfig(name="gspo")), TrainHyperparams(lr=1e-6, micro_batch_size=8))
+    return AgentTrainer(agent, algorithm_spec(AlgorithmConfig(name="gspo")),
+                        TrainHyperparams(lr=1e-6, micro_batch_size=8))
 
 
 def rows_for(trainer: AgentTrainer, sequences) -> list:

@@ -92,7 +92,7 @@ def length_ratio(answers: list[str]) -> dict:
     qwen, llama = load_tokenizer("qwen3"), load_tokenizer("llama3.2")
     qwen_lengths = [len(ids) for ids in qwen(answers, add_special_tokens=False)["input_ids"]]
     llama_lengths = [len(ids) for ids in llama(answers, add_special_tokens=False)["input_ids"]]
-    per_answer = [q / l for q, l in zip(qwen_lengths, llama_lengths)]
+    per_answer = [qwen_n / llama_n for qwen_n, llama_n in zip(qwen_lengths, llama_lengths)]
     return dict(qwen_mean_tokens=statistics.mean(qwen_lengths), llama_mean_tokens=statistics.mean(llama_lengths),
                 total_ratio=sum(qwen_lengths) / sum(llama_lengths), per_answer_median=statistics.median(per_answer),
                 per_answer_min=min(per_answer), per_answer_max=max(per_answer),

@@ -125,7 +125,8 @@ class ThroughActor:
 
         self.ray, self.runtime = ray, RayRuntime.connect(None)
         self.handle = EngineActor.options(**dict(ACTOR_OPTIONS, max_restarts=0)).remote(
-            "vllm", config, tokenizer_name, 0, dict(max_model_len=512, cpu_kv_cache_gib=kv_cache_gib), threads, prompt_format)
+            "vllm", config, tokenizer_name, 0, dict(max_model_len=512, cpu_kv_cache_gib=kv_cache_gib), threads,
+            prompt_format)
         self.parent = psutil.Process(wait_until_alive(self.handle, timeout_s=600))
         self.sender, self.remote = make_sender("process_group", self.handle), RemoteEngine(self.handle)
 
@@ -160,7 +161,8 @@ def main() -> None:
     parser.add_argument("--reloads", type=int, default=12)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--bucket-mib", type=int, default=256)
-    parser.add_argument("--kv-cache-gib", type=float, default=1.0, help="each engine's KV cache (rollout.cpu_kv_cache_gib)")
+    parser.add_argument("--kv-cache-gib", type=float, default=1.0,
+                        help="each engine's KV cache (rollout.cpu_kv_cache_gib)")
     parser.add_argument("--prompt-format", default="plain", help="the agent's prompt format (its end tokens)")
     parser.add_argument("--via-actor", action="store_true",
                         help="as a run: the engine in an EngineActor of a private Ray, weights over the process group")
@@ -223,11 +225,14 @@ def main() -> None:
     rss = [sum(p.values()) for p in processes]
     growth = slope(rss[3:]) if len(rss) > 4 else float("nan")
     result = {
-        "model": str(args.model), "via_actor": args.via_actor, "kv_cache_gib": args.kv_cache_gib, "model_fp32_bytes": model_bytes, "reloads": args.reloads,
-        "rss_bytes": rss, "rss_bytes_by_process": processes, "growth_per_reload_bytes": growth, "growth_per_reload_over_model": growth / model_bytes,
+        "model": str(args.model), "via_actor": args.via_actor, "kv_cache_gib": args.kv_cache_gib,
+        "model_fp32_bytes": model_bytes, "reloads": args.reloads,
+        "rss_bytes": rss, "rss_bytes_by_process": processes, "growth_per_reload_bytes": growth,
+        "growth_per_reload_over_model": growth / model_bytes,
         "rss_last_over_first_reload": rss[-1] / rss[1], "seconds_per_reload": seconds,
         "peak_rss_bytes_during_push": peaks, "peak_over_resting_bytes": [p - r for p, r in zip(peaks, rss)],
-        "staging_peak_bytes": [a for a, _ in phases], "staged_bytes": staged, "reload_peak_bytes": [b for _, b in phases],
+        "staging_peak_bytes": [a for a, _ in phases], "staged_bytes": staged,
+        "reload_peak_bytes": [b for _, b in phases],
         "torch": torch.__version__, "cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
         "load_average": os.getloadavg(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
     }

@@ -118,7 +118,8 @@ def main() -> None:
     apart = max(float((p.detach() - q.detach()).abs().max()) for p, q in zip(*params))
     answer_tokens = sum(len(a) for _, own_, cross in batch for a in own_ + cross)
     print(f"\n{args.model} (vocabulary {hf_config['vocab_size']:,}), {args.threads} threads, 8 prompts x (8 own + 8 "
-          f"other) answers, micro-batches of {args.micro_batch_size}, {answer_tokens} answer tokens, M = 2 updates; fastest of rounds 2-{args.rounds}; weights "
+          f"other) answers, micro-batches of {args.micro_batch_size}, {answer_tokens} answer tokens, M = 2 updates; "
+          f"fastest of rounds 2-{args.rounds}; weights "
           f"after {args.rounds} steps apart by at most {apart:.1e}")
     print(f"| updates, {old} (s) | updates, {new} (s) | {new} / {old} |\n| --- | --- | --- |\n"
           f"| {best[old]:.2f} | {best[new]:.2f} | {best[new] / best[old]:.2f} |")

@@ -110,7 +110,8 @@ def summary(capacity: str, raw: dict) -> dict:
     return {"capacity": capacity, "generate_s_mean": mean(raw["generate_s"][skip:]),
             "eval_s_mean": mean(raw["eval_s"][1:]), "reload_s_mean": mean(raw["reload_s"][skip:]),
             "worker_mib_at_round_3": rss[skip - 1] / MIB, "worker_mib_at_round_24": rss[min(23, len(rss) - 1)] / MIB,
-            "worker_mib_at_end": rss[-1] / MIB, "worker_mib_last_10_rounds": (rss[-1] - rss[max(len(rss) - 11, 0)]) / MIB}
+            "worker_mib_at_end": rss[-1] / MIB,
+            "worker_mib_last_10_rounds": (rss[-1] - rss[max(len(rss) - 11, 0)]) / MIB}
 
 
 def main() -> int:
@@ -144,8 +145,10 @@ def main() -> int:
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for r in results:
         ev = f"{r['eval_s_mean']:.2f}" if r["eval_s_mean"] is not None else "-"
-        print(f"| {r['capacity']} | {r['generate_s_mean']:.3f} | {r['generate_s_mean'] / base['generate_s_mean']:.2f} | "
-              f"{ev} | {r['reload_s_mean']:.2f} | {r['worker_mib_at_round_3']:.0f}, {r['worker_mib_at_round_24']:.0f}, "
+        print(f"| {r['capacity']} | {r['generate_s_mean']:.3f} | "
+              f"{r['generate_s_mean'] / base['generate_s_mean']:.2f} | "
+              f"{ev} | {r['reload_s_mean']:.2f} | {r['worker_mib_at_round_3']:.0f}, "
+              f"{r['worker_mib_at_round_24']:.0f}, "
               f"{r['worker_mib_at_end']:.0f} | {r['worker_mib_last_10_rounds']:+.0f} |")
     if args.json:
         with open(args.json, "w") as f:

@@ -375,7 +375,8 @@ def bench_weight_transport(folder: str, kinds: Sequence[str], args) -> Dict:
 
 # ------------------------------------------------------------------------------------------------ report
 def rollout_table(rollout: Dict) -> List[str]:
-    lines = ["| engine | start-up s | generated tokens (stopped / sequences) | seconds | tokens/s | rounds (tokens/s) |",
+    lines = ["| engine | start-up s | generated tokens (stopped / sequences) | seconds | tokens/s | "
+             "rounds (tokens/s) |",
              "| --- | ---: | ---: | ---: | ---: | --- |"]
     for kind in ENGINES:
         if kind not in rollout:
@@ -405,7 +406,8 @@ def transport_table(transport: Dict) -> List[str]:
             continue
         for name in transport["transports"]:
             best, first = transport[kind][name]["best"], transport[kind][name]["first_push"]
-            lines.append(f"| {kind} | {name} | {best['bytes'] / GB:.3f} | {best['buckets']} | {best['transfer_s']:.2f} | "
+            lines.append(f"| {kind} | {name} | {best['bytes'] / GB:.3f} | {best['buckets']} | "
+                         f"{best['transfer_s']:.2f} | "
                          f"{best['transfer_gb_per_s']:.2f} | {best['transfer_gb_per_s'] / memcpy:.1%} | "
                          f"{best['finish_s']:.2f} | {best['gb_per_s']:.2f} | {first['seconds']:.2f} | "
                          f"equal, max abs diff {best['check_max_abs_diff']:g} |")
@@ -421,7 +423,8 @@ def print_report(results: Dict) -> None:
     print(f"\nmachine: {m['cpu']}, {m['cores']} cores ({m['usable_cores']} usable); load average "
           f"{results['load_before']} before, {results['load_after']} after; threads {results['threads']}")
     source = results["source"]
-    print(f"code: commit {source['commit']}" + (f", changed here: {', '.join(source['changed'])}" if source["changed"] else ""))
+    print(f"code: commit {source['commit']}"
+          + (f", changed here: {', '.join(source['changed'])}" if source["changed"] else ""))
     if "rollout" in results:
         r = results["rollout"]
         print(f"\nrollout: {MODEL} fp32, {r['prompts']} prompts of {min(r['prompt_tokens'])}-{max(r['prompt_tokens'])} "
@@ -449,7 +452,8 @@ def parse_args():
     parser.add_argument("--skip-rollout", action="store_true")
     parser.add_argument("--skip-transport", action="store_true")
     parser.add_argument("--preset", default=None, help="weight transport only, for a random model of this preset's "
-                        "shape (e.g. qwen3-1.7b-base, bf16 on a GPU) instead of SmolLM2; implies --skip-rollout --skip-vllm")
+                        "shape (e.g. qwen3-1.7b-base, bf16 on a GPU) instead of SmolLM2; implies --skip-rollout "
+                        "--skip-vllm")
     parser.add_argument("--transports", nargs="+", choices=TRANSPORTS + ("cuda_ipc",), default=None,
                         help="weight transports to time (default: all this machine has; fewer on a short GPU lease)")
     parser.add_argument("--json", default=None, help="also write every figure here")

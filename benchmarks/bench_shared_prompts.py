@@ -115,21 +115,24 @@ def main() -> None:
             print(f"round {round_index + 1}, {mode}: log-prob {logprob_seconds:.2f} s, updates {train_seconds:.2f} s",
                   flush=True)
             if train_seconds < best[mode]["train"]:
-                best[mode].update(train=train_seconds, flops=sum(m["perf/model_flops_per_s"] for m in metrics) / len(metrics),
+                best[mode].update(train=train_seconds,
+                                  flops=sum(m["perf/model_flops_per_s"] for m in metrics) / len(metrics),
                                   mfu=sum(m["perf/mfu"] for m in metrics) / len(metrics))
             best[mode]["logprob"] = min(best[mode]["logprob"], logprob_seconds)
     plain, shared = (trainers[mode].ddp_model.module.parameters() for mode in MODES)
     apart = max(float((p.detach() - q.detach()).abs().max()) for p, q in zip(plain, shared))
     prompt_tokens = sum(len(p) for p, _, _ in batch)
     answer_tokens = sum(len(a) for _, own_, cross in batch for a in own_ + cross)
-    print(f"\n{args.model}, {args.threads} threads, {args.prompts} prompts x ({args.samples} own + {args.samples} other) "
-          f"answers: {prompt_tokens} prompt tokens (x {2 * args.samples} without sharing), {answer_tokens} answer tokens; "
+    print(f"\n{args.model}, {args.threads} threads, {args.prompts} prompts x ({args.samples} own + "
+          f"{args.samples} other) answers: {prompt_tokens} prompt tokens (x {2 * args.samples} without sharing), "
+          f"{answer_tokens} answer tokens; "
           f"micro-batches of {args.micro_batch}; best of {args.rounds} interleaved rounds; weights after "
           f"{args.rounds} steps apart by at most {apart:.1e}")
     print("| | " + " | ".join(MODES) + " | shared / plain time |")
     print("| --- |" + " --- |" * (len(MODES) + 1))
     a, b = (best[mode] for mode in MODES)
-    print(f"| old-log-prob pass (own answers), s | {a['logprob']:.2f} | {b['logprob']:.2f} | {b['logprob'] / a['logprob']:.2f} |")
+    print(f"| old-log-prob pass (own answers), s | {a['logprob']:.2f} | {b['logprob']:.2f} | "
+          f"{b['logprob'] / a['logprob']:.2f} |")
     print(f"| training updates (M = 2), s | {a['train']:.2f} | {b['train']:.2f} | {b['train'] / a['train']:.2f} |")
     print(f"| model GFLOP/s of the updates | {a['flops'] / 1e9:.0f} | {b['flops'] / 1e9:.0f} | - |")
     print(f"| MFU of the updates | {100 * a['mfu']:.0f} % | {100 * b['mfu']:.0f} % | - |")

@@ -143,7 +143,8 @@ def main():
     settings = dict(task_spec=args.task, steps=args.steps, batch_size=args.batch_size, lr=args.lr, seed=args.seed,
                     cache_dir=cache_dir, stop_accuracy=args.stop_accuracy or None)
     overrides = {"qwen3-tiny": args.set_qwen, "llama-tiny": args.set_llama}
-    jobs = [(name, _config(preset, overrides[name]), tokenizer, settings) for name, (preset, tokenizer) in AGENTS.items()]
+    jobs = [(name, _config(preset, overrides[name]), tokenizer, settings)
+            for name, (preset, tokenizer) in AGENTS.items()]
 
     load_before = os.getloadavg()
     started = time.perf_counter()

@@ -33,7 +33,8 @@ def main(model_provider: Callable[[Config], ModelProvider], argv: Optional[List[
                              kill_reward_at_step=args.kill_reward_at_step,
                              kill_engine_in_sync_at_step=args.kill_engine_in_sync_at_step,
                              kill_engine_before_step=args.kill_engine_before_step,
-                             kill_engine_in_eval_at_step=args.kill_engine_in_eval_at_step, weight_check=args.check_weights,
+                             kill_engine_in_eval_at_step=args.kill_engine_in_eval_at_step,
+                             weight_check=args.check_weights,
                              save_rollouts=args.save_rollouts, load_rollouts=args.load_rollouts,
                              leak_mib_per_step=args.leak_mib_per_step)
         run_hacpo(cfg, options, model_provider(cfg))

@@ -583,7 +583,8 @@ def results_markdown(results: Sequence[CellResult], labels: Sequence[str], basel
     clip_sections = [(label, clip_table(results, label)) for label in labels]
     if any(rows for _, rows in clip_sections):
         lines += ["", "## The other agents' answers against each learner's cross clip", "",
-                  "Per step and learner, means over the variant's seeds (each step's record is a mean over its updates): "
+                  "Per step and learner, means over the variant's seeds (each step's record is a mean over its "
+                  "updates): "
                   "the shares of the other agents' answers whose ratio s falls below, inside or above [lo_m, 1], "
                   "their mean s, the share with a positive advantage (right answers), and the share right *and* "
                   "inside: the other agents' answers that moved the learner."]
@@ -599,7 +600,8 @@ def results_markdown(results: Sequence[CellResult], labels: Sequence[str], basel
     lines += ["", "## Rerun a cell", "",
               "Folders are the study folder's (this file's; `OUT` in commands where it was outside the checkout). "
               "To redo one cell in a fresh folder: the study's command plus `--only LABEL:SEED --out OTHER`, or "
-              "the cell's launcher command below (run from the checkout's root) with another `--output-dir`. On CPU a run "
+              "the cell's launcher command below (run from the checkout's root) with another `--output-dir`. "
+              "On CPU a run "
               "on the embedded engine is deterministic for its seed and code: either reproduces the cell's "
               "metrics.jsonl (all but timings) with the code named above; with vLLM's log-probs as old log-probs "
               "(rollout.old_logprobs: engine) losses and ratios differ by ~1e-6 (vLLM's CPU log-probs vary "

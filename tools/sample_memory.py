@@ -52,7 +52,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True)
     parser.add_argument("--every", type=float, default=2.0, help="seconds between samples")
-    parser.add_argument("--match", default=",".join(KINDS), help="comma-separated command-line substrings, first match wins")
+    parser.add_argument("--match", default=",".join(KINDS),
+                        help="comma-separated command-line substrings, first match wins")
     args = parser.parse_args()
     kinds = tuple(k for k in args.match.split(",") if k)
     stop = []

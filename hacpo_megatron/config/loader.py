@@ -275,10 +275,13 @@ def _validate(cfg: Config, where: _Where, errors: List[str]) -> None:
         errors.append(f"{where(('algorithm', 'name'))}: {exc}")
     q = a.cross_clip_fit_quantile
     if q is not None:
-        _check(0 < q < 1, errors, where, ("algorithm", "cross_clip_fit_quantile"), f"must be in (0, 1) or null, got {q}")
+        _check(0 < q < 1, errors, where, ("algorithm", "cross_clip_fit_quantile"),
+               f"must be in (0, 1) or null, got {q}")
         if spec is not None:
-            _check(spec.policy_loss == "hacpo" and spec.cross_clip, errors, where, ("algorithm", "cross_clip_fit_quantile"),
-                   f"fits HACPO's cross clip, which {a.name!r}" + (" with cross_clip false" if a.name == "hacpo" else "")
+            _check(spec.policy_loss == "hacpo" and spec.cross_clip, errors, where,
+                   ("algorithm", "cross_clip_fit_quantile"),
+                   f"fits HACPO's cross clip, which {a.name!r}"
+                   + (" with cross_clip false" if a.name == "hacpo" else "")
                    + " does not have: remove the key or set it to null")
 
     _check(r.samples_per_prompt >= 2, errors, where, ("rollout", "samples_per_prompt"),

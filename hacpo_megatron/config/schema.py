@@ -43,7 +43,8 @@ class AgentConfig:
     # built-in preset name (hacpo_megatron/models/presets.py), a folder with config.json, or a known GGUF model
     # name ("smollm2-135m-instruct", converted once into .cache/models); empty: init_from's architecture
     model: str = ""
-    tokenizer: Optional[str] = None  # qwen3 | llama3.2 | gpt2 | smollm2 | gemma3 | a folder; None: the model/init_from folder
+    # qwen3 | llama3.2 | gpt2 | smollm2 | gemma3 | a folder; None: the model/init_from folder
+    tokenizer: Optional[str] = None
     # how the agent is asked (bridge/prompt_formats.py): chat (its tokenizer's chat template), plain
     # ("Question: ...\nAnswer:", answers are one line) or few_shot:<file> (worked examples, then plain): a base
     # model has no chat template. Only the answers' text crosses the bridge, so agents may be asked differently.

@@ -70,7 +70,8 @@ def _generator(spec: str, name: str) -> Tuple[Any, Any]:
         raise ValueError(f"{spec!r}: the reasoning-gym package is not installed: {INSTALL_HINT}") from None
     if name not in DATASETS:
         close = difflib.get_close_matches(name, DATASETS, n=3)
-        hint = f"; did you mean {', '.join(close)}?" if close else f"; {len(DATASETS)} known, e.g. gsm_symbolic, chain_sum"
+        hint = (f"; did you mean {', '.join(close)}?" if close
+                else f"; {len(DATASETS)} known, e.g. gsm_symbolic, chain_sum")
         raise ValueError(f"{spec!r}: reasoning-gym has no generator {name!r}{hint}")
     return DATASETS[name]
 
@@ -88,7 +89,8 @@ def load_reasoning_gym(spec: str, split: str = "train") -> List[PromptRecord]:
                          f"its settings: size, seed, {', '.join(f for f in fields if f not in ('size', 'seed'))}")
     wanted = ours.get("size", DEFAULT_SIZES[split])
     seed = ours.get("seed", 1) + SEED_OFFSETS[split]
-    draws = int(wanted / (EVAL_SHARE if split == "eval" else 1 - EVAL_SHARE) * 1.5) + 16  # the split's share, and then some
+    # the split's share, and then some
+    draws = int(wanted / (EVAL_SHARE if split == "eval" else 1 - EVAL_SHARE) * 1.5) + 16
     try:
         config = config_class(**settings, size=draws, seed=seed)
         config.validate()

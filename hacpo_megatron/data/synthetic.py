@@ -102,7 +102,8 @@ def _word_problem(rng: random.Random, max_operand: int = 12, steps: int = 2) -> 
             return f"{name} has {a} {item} and gets {b} more. How many {item} does {name} have now?", a + b
         if form == 1:
             total = a + b
-            return f"{name} has {total} {item} and gives {b} of them to {friend}. How many {item} does {name} have left?", a
+            return (f"{name} has {total} {item} and gives {b} of them to {friend}. "
+                    f"How many {item} does {name} have left?", a)
         return f"{name} buys {a} bags of {item} with {b} {item} in each bag. How many {item} does {name} have?", a * b
     form = rng.randrange(5)
     if form == 0:

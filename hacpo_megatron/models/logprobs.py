@@ -102,7 +102,8 @@ class TargetLogProb(torch.autograd.Function):
             ctx.buffer = scaled
             ctx.save_for_backward(log_sum_exp, targets)
             return scaled.gather(-1, targets[:, None])[:, 0] - log_sum_exp
-        log_sum_exp = torch.cat([torch.logsumexp(chunk.to(dtype) / temperature, dim=-1) for chunk in logits.split(rows)])
+        log_sum_exp = torch.cat([torch.logsumexp(chunk.to(dtype) / temperature, dim=-1)
+                                 for chunk in logits.split(rows)])
         ctx.buffer = True  # the logits themselves, saved below (autograd checks nothing changed them in between)
         ctx.save_for_backward(log_sum_exp, targets, logits)
         return logits.gather(-1, targets[:, None])[:, 0].to(dtype) / temperature - log_sum_exp
@@ -249,7 +250,8 @@ def pack_sequences(sequences: Sequence[PromptResponse], indices: Sequence[int], 
         documents.append(Document(row, start, P, tuple(len(sequences[i][1]) for i in members)))
     return PackedBatch(
         tokens=tokens, token_layout=TokenLayout.of_documents(documents, *tokens.shape),
-        logit_rows=torch.tensor(logit_rows, dtype=torch.long), logit_positions=torch.tensor(logit_positions, dtype=torch.long),
+        logit_rows=torch.tensor(logit_rows, dtype=torch.long),
+        logit_positions=torch.tensor(logit_positions, dtype=torch.long),
         targets=torch.tensor(targets, dtype=torch.long),
         response_lengths=torch.tensor([len(sequences[i][1]) for i in order], dtype=torch.long),
         indices=torch.tensor(order, dtype=torch.long),

@@ -63,7 +63,8 @@ PRESETS: Dict[str, Dict[str, Any]] = {
     "tiny-llama": dict(_LLAMA32, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                        num_attention_heads=4, num_key_value_heads=2, head_dim=32, vocab_size=128256,
                        max_position_embeddings=131072, tie_word_embeddings=True),
-    # the study's "size" setting (configs/study/size.yaml): tiny-qwen3's family and tokenizer, twice as wide, 1.5x as deep
+    # the study's "size" setting (configs/study/size.yaml): tiny-qwen3's family and tokenizer, twice as wide,
+    # 1.5x as deep
     "small-qwen3": dict(_QWEN3, hidden_size=128, intermediate_size=384, num_hidden_layers=6,
                         num_attention_heads=4, num_key_value_heads=2, head_dim=32, vocab_size=151936,
                         tie_word_embeddings=True, max_position_embeddings=2048),

@@ -94,7 +94,8 @@ class EngineActor:
                 with tempfile.TemporaryDirectory(prefix="hacpo-engine-") as config_only:
                     with open(os.path.join(config_only, "config.json"), "w") as f:
                         json.dump(hf_config, f)
-                    self.engine = make_engine(kind, model_path=config_only, eos_token_ids=sorted(eos_token_ids(tokenizer)),
+                    self.engine = make_engine(kind, model_path=config_only,
+                                              eos_token_ids=sorted(eos_token_ids(tokenizer)),
                                               tokenizer=tokenizer, seed=seed, load_format="dummy", cpu_threads=threads,
                                               **kwargs)
                 record_engine_files()  # its engine core and workers talk through /dev/shm

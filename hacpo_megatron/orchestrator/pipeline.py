@@ -61,7 +61,8 @@ class GenerationSchedule:
         for s in range(self._next_step, min(step + self.max_staleness, self.total_steps - 1) + 1):
             before = self._snapshot()
             prompts = self._next_prompts()
-            self._in_flight[s] = StepWork(s, prompts, generated_by=trained, handles=self._launch(s, prompts), before=before)
+            self._in_flight[s] = StepWork(s, prompts, generated_by=trained, handles=self._launch(s, prompts),
+                                          before=before)
             launched.append(s)
         self._next_step = max(self._next_step, min(step + self.max_staleness, self.total_steps - 1) + 1)
         return launched

@@ -95,7 +95,8 @@ RESUME_ADVICE = ("bring the node back (or another in its place) and run the same
 
 
 def _what_ran(ranks: Sequence[int], engines: Sequence[str]) -> str:
-    return f"ranks {', '.join(map(str, ranks))}" + (f" and the rollout engines of {', '.join(engines)}" if engines else "")
+    return (f"ranks {', '.join(map(str, ranks))}"
+            + (f" and the rollout engines of {', '.join(engines)}" if engines else ""))
 
 
 def lost_node_message(node: RayNode, ranks: Sequence[int], engines: Sequence[str], reason: str = "") -> str:
@@ -189,7 +190,8 @@ class NodeWatch:
                 return
             if dead:
                 for node, reason in dead:
-                    print(f"rank {self.rank}: {lost_node_message(node, self.nodes[node], self.engines_on(node), reason)}",
+                    print(f"rank {self.rank}: "
+                          f"{lost_node_message(node, self.nodes[node], self.engines_on(node), reason)}",
                           file=sys.stderr, flush=True)
                 sys.stdout.flush()
                 os._exit(NODE_LOST_EXIT_CODE)  # the main thread may be blocked in a collective for good

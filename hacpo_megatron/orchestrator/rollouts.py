@@ -118,7 +118,7 @@ class RolloutPipeline:
                 ray.get(agents.engines[0].crash_in_next_bucket.remote())
         dist.broadcast_object_list(payload, src=0)
         rollouts, failed = payload[0]
-        for attempt in range(ENGINE_RETRIES):
+        for _attempt in range(ENGINE_RETRIES):
             if not failed:
                 break  # an engine died: its restarted actor gets the weights again, then the rollout is redone
             if rank == 0:

@@ -75,7 +75,8 @@ def resend_to_lost_engines(agents: Any, check: bool, pushed: Dict[int, Dict[str,
                 if pushed[k][LOSSES]:
                     lost_here.add(k)
                 pushed[k][LOSSES] += losses
-    raise RuntimeError(f"the engines of {[agents.names[k] for k in lost]} died during {ENGINE_RETRIES + 1} weight pushes")
+    raise RuntimeError(f"the engines of {[agents.names[k] for k in lost]} died during {ENGINE_RETRIES + 1} "
+                       "weight pushes")
 
 
 def restore_restarted_engines(agents: Any, check: bool) -> None:
@@ -86,7 +87,8 @@ def restore_restarted_engines(agents: Any, check: bool) -> None:
         return
     missing = [None]
     if dist.get_rank() == 0:
-        missing = [[k for k in range(len(agents.configs)) if not call_with_restarts(agents.engines[k], "holds_weights")]]
+        missing = [[k for k in range(len(agents.configs))
+                    if not call_with_restarts(agents.engines[k], "holds_weights")]]
         if missing[0]:
             print(f"the engines of {[agents.names[k] for k in missing[0]]} were restarted since their last weight "
                   "push: pushing their weights again", flush=True)

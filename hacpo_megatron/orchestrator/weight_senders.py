@@ -25,8 +25,8 @@ class ProcessGroupSender(RemoteEngine):
 
     The group is made on the first update, and again whenever the actor's process is not the one
     that joined it (Ray restarted it, seen or not). Each bucket: its header goes to the actor
-    (non-blocking), then the bytes are broadcast, then the actor's answer is awaited — the receivers check order and completeness,
-    and `finish_weight_update` tells them how many buckets were sent.
+    (non-blocking), then the bytes are broadcast, then the actor's answer is awaited — the receivers check
+    order and completeness, and `finish_weight_update` tells them how many buckets were sent.
     """
 
     backend = "gloo"

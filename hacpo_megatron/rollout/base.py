@@ -116,14 +116,14 @@ class RolloutEngine(abc.ABC):
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> List[List[Completion]]:
         """For each prompt, `params.n` completions."""
 
-    def begin_weight_update(self) -> None:
+    def begin_weight_update(self) -> None:  # noqa: B027 - an optional hook: doing nothing is the default
         """A new set of weights follows in buckets (see the module docstring). Default: nothing."""
 
     @abc.abstractmethod
     def update_weights(self, bucket: Sequence[Tuple[str, torch.Tensor]]) -> None:
         """Take one bucket of new weights: (Hugging Face name, full tensor) pairs."""
 
-    def finish_weight_update(self) -> None:
+    def finish_weight_update(self) -> None:  # noqa: B027 - an optional hook: doing nothing is the default
         """All buckets are in: serve the new weights from the next `generate`. Default: nothing."""
 
     @abc.abstractmethod
@@ -160,13 +160,13 @@ class RolloutEngine(abc.ABC):
         if receiver is not None:
             receiver.finish(buckets_sent)
 
-    def release_memory(self) -> None:
+    def release_memory(self) -> None:  # noqa: B027 - an optional hook: doing nothing is the default
         """Free what the engine can (KV cache, weights on GPU) while the trainer runs. Default: nothing."""
 
-    def resume_memory(self) -> None:
+    def resume_memory(self) -> None:  # noqa: B027 - an optional hook: doing nothing is the default
         """Undo release_memory before the next generate. Default: nothing."""
 
-    def shutdown(self) -> None:
+    def shutdown(self) -> None:  # noqa: B027 - an optional hook: doing nothing is the default
         """Stop background processes; the engine is unusable afterwards."""
 
     def process_lost(self, error: BaseException) -> bool:

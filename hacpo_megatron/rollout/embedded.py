@@ -127,7 +127,8 @@ class EmbeddedEngine(RolloutEngine):
             result.append(Completion(token_ids=kept, text=text, logprobs=lps, finish_reason=reason))
         return result
 
-    def _decode(self, ids: torch.Tensor, attention: torch.Tensor, params: SamplingParams) -> Tuple[torch.Tensor, torch.Tensor]:
+    def _decode(self, ids: torch.Tensor, attention: torch.Tensor,
+                params: SamplingParams) -> Tuple[torch.Tensor, torch.Tensor]:
         """Sample up to max_new_tokens per row with the model's KV cache: (tokens, their log-probs),
         both [rows, steps]. Rows that ended keep being fed (their tokens are cut off afterwards);
         decoding stops when every row has ended.

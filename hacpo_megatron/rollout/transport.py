@@ -63,7 +63,8 @@ class GroupAddress:
 
 
 # ----------------------------------------------------------------------------------- packing
-def pack_bucket(bucket: WeightBucket, index: int, device: Optional[torch.device] = None) -> Tuple[BucketHeader, torch.Tensor]:
+def pack_bucket(bucket: WeightBucket, index: int,
+                device: Optional[torch.device] = None) -> Tuple[BucketHeader, torch.Tensor]:
     """One flat uint8 tensor holding every tensor of the bucket (any dtypes), and its header."""
     header = BucketHeader(index=index, names=tuple(name for name, _ in bucket),
                           shapes=tuple(tuple(t.shape) for _, t in bucket),

@@ -116,7 +116,8 @@ def run_hacpo(cfg: Config, options: RunOptions, model_provider: ModelProvider) -
         torch.set_num_threads(cfg.train.cpu_threads)
     needed = required_world_size(cfg.agents)
     if world != needed:
-        raise SystemExit(f"the config's agents need {needed} processes (torchrun --nproc_per_node={needed}), got {world}")
+        raise SystemExit(f"the config's agents need {needed} processes (torchrun --nproc_per_node={needed}), "
+                         f"got {world}")
     spec = algorithm_spec(cfg.algorithm)
     n, B = len(cfg.agents), cfg.data.prompt_batch_size
     G = cfg.rollout.samples_per_prompt * spec.samples_multiplier
@@ -161,7 +162,8 @@ def run_hacpo(cfg: Config, options: RunOptions, model_provider: ModelProvider) -
     push_all_weights(agents, options.weight_check)
     time_gemm_peaks_in_turn(list(agents.trainers.values()))  # perf/mfu's denominator, engines loaded and idle
 
-    pipeline = RolloutPipeline(cfg, agents, sampler, reward_actor, G, options, start_step) if agents.engines_running else None
+    pipeline = (RolloutPipeline(cfg, agents, sampler, reward_actor, G, options, start_step)
+                if agents.engines_running else None)
     reporter = _reporter(cfg, agents, options, start_step) if rank == 0 else None
     if start_step == 0 and cfg.data.eval_every and eval_set:
         scores = held_out_scores(cfg, agents, eval_set, reward_actor, options, done=0)  # collective
@@ -289,9 +291,10 @@ def _train_learners(cfg, spec, agents: Agents, prompts, prompt_ids, rollouts, ad
     local: Dict[int, Dict[str, float]] = {}
     for k, trainer in agents.trainers.items():
         t = time.perf_counter()
-        rows, bridge_stats = learner_rows(k, prompts=prompts, rollouts=rollouts, old=old, effective=advantages.effective,
-                                          trains_on=advantages.trains_on, tokenizers=agents.tokenizers,
-                                          prompt_ids=prompt_ids, ref_token_logp=reference.get(k), behaviour=behaviour)
+        rows, bridge_stats = learner_rows(k, prompts=prompts, rollouts=rollouts, old=old,
+                                          effective=advantages.effective, trains_on=advantages.trains_on,
+                                          tokenizers=agents.tokenizers, prompt_ids=prompt_ids,
+                                          ref_token_logp=reference.get(k), behaviour=behaviour)
         if spec.cross_old_logprob == "learner":  # Naive: other agents' rows are rated like own ones
             cross = [(r.prompt_ids, r.response_ids) for r in rows if r.is_cross]
             rows = with_learner_old_logprobs(rows, _agent_logprobs(trainer, None, cross))

@@ -67,12 +67,14 @@ def _file_problems(cfg: Config, output_dir: str, resume: bool) -> List[str]:
         _attempt(problems, "train.sft_warmup_task", lambda: load_prompts(cfg.train.sft_warmup_task, "train"))
     for k, agent in enumerate(cfg.agents):
         if agent.init_from:
-            _attempt(problems, f"agents.{k} ({agent.name}).init_from", lambda folder=agent.init_from: _check_weights(folder))
+            _attempt(problems, f"agents.{k} ({agent.name}).init_from",
+                     lambda folder=agent.init_from: _check_weights(folder))
         if cfg.train.sft_warmup_steps > 0 and agent.sft_warmup_task:
             _attempt(problems, f"agents.{k} ({agent.name}).sft_warmup_task",
                      lambda spec=agent.sft_warmup_task: load_prompts(spec, "train"))
         if agent.engine != "embedded" and cfg.run.mode != "train_only":
-            _attempt(problems, f"agents.{k} ({agent.name}).engine", lambda kind=agent.engine: _check_engine_installed(kind))
+            _attempt(problems, f"agents.{k} ({agent.name}).engine",
+                     lambda kind=agent.engine: _check_engine_installed(kind))
     problems += [f"logging.trackers: {problem}" for problem in tracker_install_problems(cfg.logging.trackers)]
     if resume:
         from hacpo_megatron.checkpoint.megatron_io import resume_candidates
@@ -136,9 +138,10 @@ def _tokenizer_problems(cfg: Config) -> List[str]:
     for k, agent in enumerate(cfg.agents):
         name = agent.tokenizer or agent.init_from or agent.model
         found = len(problems)
-        _attempt(problems, f"agents.{k} ({agent.name}).tokenizer", lambda: load_tokenizer(name, agent.prompt_format))
+        _attempt(problems, f"agents.{k} ({agent.name}).tokenizer",
+                 lambda name=name, agent=agent: load_tokenizer(name, agent.prompt_format))
         if len(problems) == found:  # it loads: can it ask in the agent's format?
             _attempt(problems, f"agents.{k} ({agent.name}).prompt_format",
-                     lambda: check_can_render(load_tokenizer(name, agent.prompt_format),
-                                              parse_prompt_format(agent.prompt_format), name))
+                     lambda name=name, agent=agent: check_can_render(load_tokenizer(name, agent.prompt_format),
+                                                                     parse_prompt_format(agent.prompt_format), name))
     return problems

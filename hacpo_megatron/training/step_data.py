@@ -61,7 +61,8 @@ def rewards_tensor(scores: Sequence[float], n: int, B: int, G: int) -> torch.Ten
     return torch.tensor(list(scores), dtype=torch.float64).reshape(n, B, G)
 
 
-def own_sequences(prompt_ids: Sequence[List[int]], completions: List[List[Completion]]) -> List[Tuple[List[int], List[int]]]:
+def own_sequences(prompt_ids: Sequence[List[int]],
+                  completions: List[List[Completion]]) -> List[Tuple[List[int], List[int]]]:
     """(prompt ids, response ids) of one agent's completions in (prompt, sample) order."""
     return [(prompt_ids[b], c.token_ids) for b, group in enumerate(completions) for c in group]
 
@@ -107,7 +108,8 @@ def learner_rows(
                                     torch.tensor(behaviour[k].sums, dtype=torch.float64),
                                     torch.tensor(old[k].lengths))
         stats = {"staleness/behaviour_weight_mean": float(weights.mean()),
-                 "staleness/behaviour_weight_capped_frac": float((weights >= DEFAULT_BEHAVIOUR_WEIGHT_CAP).double().mean())}
+                 "staleness/behaviour_weight_capped_frac":
+                     float((weights >= DEFAULT_BEHAVIOUR_WEIGHT_CAP).double().mean())}
     source_sums = [(behaviour if behaviour is not None else old)[j].sums for j in range(n)]
     for j in range(n):
         if not trains_on[k, j]:
@@ -118,7 +120,8 @@ def learner_rows(
                     index = b * G + i
                     rows.append(SequenceRow(
                         prompt_ids=prompt_ids[k][b], response_ids=completion.token_ids,
-                        advantage=float(effective[k, k, b, i]) * (float(weights[index]) if weights is not None else 1.0),
+                        advantage=float(effective[k, k, b, i])
+                        * (float(weights[index]) if weights is not None else 1.0),
                         old_seq_logp=old[k].mean(index), is_cross=False,
                         source=k, prompt_index=b, sample_index=i, old_token_logp=old[k].tokens[index],
                         ref_token_logp=ref_token_logp[index] if ref_token_logp is not None else None))
@@ -140,7 +143,8 @@ def learner_rows(
     return rows, {"bridge/dropped": float(dropped), **stats}
 
 
-def with_learner_old_logprobs(rows: Sequence[SequenceRow], cross_token_logp: Sequence[List[float]]) -> List[SequenceRow]:
+def with_learner_old_logprobs(rows: Sequence[SequenceRow],
+                              cross_token_logp: Sequence[List[float]]) -> List[SequenceRow]:
     """Other agents' rows re-based on the learner's own old policy (Naive's reading, see the algorithm
     registry): `cross_token_logp` holds the learner's per-token log-probs of its cross rows, in order."""
     cross = [r for r in rows if r.is_cross]

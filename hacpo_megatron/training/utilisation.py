@@ -59,7 +59,8 @@ def training_flops(arch: Architecture, rows: Iterable[Tuple[int, Sequence[int]]]
     total = 0.0
     for prompt_length, response_lengths in rows:
         responses = sum(response_lengths)
-        total += (layer_flops_per_token(arch) * (prompt_length + responses) + output_layer_flops_per_token(arch) * responses
+        total += (layer_flops_per_token(arch) * (prompt_length + responses)
+                  + output_layer_flops_per_token(arch) * responses
                   + attention_flops(arch, prompt_length, response_lengths))
     return _FORWARD_BACKWARD * total
 

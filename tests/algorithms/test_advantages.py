@@ -199,7 +199,8 @@ def test_step_advantages_naive_and_hacpo_differ_only_by_their_switches():
     naive = step_advantages(R, P, resolve_algorithm("naive"))
     assert torch.allclose(naive.effective, hacpo_advantages(R, omega, capability_aware=False))
     no_adv = step_advantages(R, P, resolve_algorithm("hacpo", capability_aware_advantage=False))
-    assert torch.allclose(no_adv.effective, modulated_advantages(hacpo_advantages(R, omega, capability_aware=False), omega))
+    assert torch.allclose(no_adv.effective,
+                          modulated_advantages(hacpo_advantages(R, omega, capability_aware=False), omega))
 
 
 def test_resolve_algorithm_rejects_unknown_names_and_misapplied_switches():

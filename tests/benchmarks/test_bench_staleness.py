@@ -1,4 +1,5 @@
-"""benchmarks/bench_staleness.py's reading of a run: the step's time, the slowest agent's phases, steps after the first."""
+"""benchmarks/bench_staleness.py's reading of a run: the step's time, the slowest agent's phases, steps after the
+first."""
 import json
 
 import pytest

@@ -27,15 +27,19 @@ def test_a_few_shot_prompt_is_bos_then_the_files_examples_a_blank_line_and_the_q
     assert ids[0] == GEMMA_FEW.bos_token_id and ids.count(GEMMA_FEW.bos_token_id) == 1  # Gemma's texts start with it
     assert text_of(GEMMA_FEW, ids[1:]) == f"{examples}\n\nQuestion: {QUESTION}\nAnswer:"
     # SmolLM2's tokenizer adds no BOS of its own, so its prompt in the same format has none
-    assert text_of(SMOL_FEW, render_prompt(SMOL_FEW, user_prompt(QUESTION))) == f"{examples}\n\nQuestion: {QUESTION}\nAnswer:"
-    assert text_of(GEMMA_PLAIN, render_prompt(GEMMA_PLAIN, user_prompt(QUESTION))[1:]) == f"Question: {QUESTION}\nAnswer:"
+    assert (text_of(SMOL_FEW, render_prompt(SMOL_FEW, user_prompt(QUESTION)))
+            == f"{examples}\n\nQuestion: {QUESTION}\nAnswer:")
+    assert (text_of(GEMMA_PLAIN, render_prompt(GEMMA_PLAIN, user_prompt(QUESTION))[1:])
+            == f"Question: {QUESTION}\nAnswer:")
     # the prompt tokenizes as the same text would on its own (the template adds no odd token boundary)
-    assert render_prompt(GEMMA_PLAIN, user_prompt(QUESTION)) == GEMMA_PLAIN(f"Question: {QUESTION}\nAnswer:")["input_ids"]
+    assert (render_prompt(GEMMA_PLAIN, user_prompt(QUESTION))
+            == GEMMA_PLAIN(f"Question: {QUESTION}\nAnswer:")["input_ids"])
 
 
 def test_a_system_message_leads_and_chat_stays_the_tokenizers_own_template():
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": QUESTION}]
-    assert text_of(GEMMA_PLAIN, render_prompt(GEMMA_PLAIN, messages)[1:]) == f"Be brief.\n\nQuestion: {QUESTION}\nAnswer:"
+    assert (text_of(GEMMA_PLAIN, render_prompt(GEMMA_PLAIN, messages)[1:])
+            == f"Be brief.\n\nQuestion: {QUESTION}\nAnswer:")
     assert text_of(SMOL_CHAT, render_prompt(SMOL_CHAT, user_prompt(QUESTION))).startswith("<|im_start|>system")
     assert line_end_ids(SMOL_CHAT) == frozenset() and answer_end_id(SMOL_CHAT) == SMOL_CHAT.eos_token_id
 
@@ -94,7 +98,8 @@ def test_one_vocabulary_in_two_formats_keeps_the_sampled_ids_and_swaps_the_end_t
     assert back.response_ids == answer_ids + [SMOL_CHAT.eos_token_id]
     # one vocabulary and one format: untouched, whatever the ids
     (same,) = bridge_responses(SMOL_CHAT, SMOL_CHAT, [answer_ids + [SMOL_CHAT.eos_token_id]],
-                               prompts_messages=[user_prompt(QUESTION)], source_logprob_sums=[-3.0], finish_reasons=["stop"])
+                               prompts_messages=[user_prompt(QUESTION)], source_logprob_sums=[-3.0],
+                               finish_reasons=["stop"])
     assert same.response_ids == answer_ids + [SMOL_CHAT.eos_token_id]
 
 

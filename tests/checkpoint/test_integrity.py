@@ -75,4 +75,5 @@ def test_nothing_intact_is_an_error_and_a_bad_latest_pointer_is_survived(tmp_pat
     flip_byte(tmp_path / "step_00000005" / "trainer_state.pt", 0)
     warnings, error = describe(choose_resume_checkpoint(resume_candidates(tmp_path)), tmp_path)
     assert "no intact checkpoint" in error and "trainer_state.pt is damaged" in warnings[0]
-    assert describe(choose_resume_checkpoint([]), tmp_path)[1].endswith("no checkpoint saved yet; start without --resume")
+    assert describe(choose_resume_checkpoint([]), tmp_path)[1].endswith(
+        "no checkpoint saved yet; start without --resume")

@@ -303,9 +303,11 @@ def test_a_missing_gguf_file_names_the_file_line_and_key(tmp_path):
 def test_a_prompt_format_is_checked_where_it_is_written(tmp_path):
     shots = tmp_path / "shots.txt"
     shots.write_text("Question: What is 2 + 2?\nAnswer: 2 + 2 = 4. The answer is 4.\n", encoding="utf-8")
-    cfg = load_config(write(tmp_path, GOOD.replace("    model: tiny-llama", f"    model: tiny-llama\n    prompt_format: few_shot:{shots}")))
+    cfg = load_config(write(tmp_path, GOOD.replace("    model: tiny-llama",
+                                                   f"    model: tiny-llama\n    prompt_format: few_shot:{shots}")))
     assert (cfg.agents[0].prompt_format, cfg.agents[1].prompt_format) == ("chat", f"few_shot:{shots}")
-    path = write(tmp_path, GOOD.replace("    model: tiny-llama", "    model: tiny-llama\n    prompt_format: few_shot:nope.txt"))
+    path = write(tmp_path, GOOD.replace("    model: tiny-llama",
+                                        "    model: tiny-llama\n    prompt_format: few_shot:nope.txt"))
     with pytest.raises(ConfigError) as err:
         load_config(path)
     assert f"{path}:8: agents.1.prompt_format: nope.txt: No such file or directory" in str(err.value)

@@ -32,7 +32,8 @@ def test_any_config_text_loads_or_is_a_config_error(tmp_path, text):
 
 
 @SETTINGS
-@given(document=st.dictionaries(st.sampled_from(["run", "agents", "algorithm", "rollout", "data", "train", "base", "x"]),
+@given(document=st.dictionaries(st.sampled_from(["run", "agents", "algorithm", "rollout", "data", "train", "base",
+                                                 "x"]),
                                 yaml_values, max_size=4))
 def test_any_yaml_structure_loads_or_is_a_config_error(tmp_path, document):
     path = tmp_path / "c.yaml"
@@ -47,7 +48,7 @@ def test_any_yaml_structure_loads_or_is_a_config_error(tmp_path, document):
 @given(key=st.sampled_from(KEYS), value=st.text(max_size=20))
 def test_any_override_applies_or_is_a_config_error(key, value):
     try:
-        load_config(None, [f"agents=[{{name: a, model: tiny-qwen3}}]", f"{key}={value}"])
+        load_config(None, ["agents=[{name: a, model: tiny-qwen3}]", f"{key}={value}"])
     except ConfigError:
         pass
 

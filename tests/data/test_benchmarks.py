@@ -9,7 +9,8 @@ from hacpo_megatron.rewards.math_verify import compute_score
 
 # One small file per benchmark, in its usual field names, with the final answer each should yield.
 BENCHMARK_ROWS = {
-    "MATH-500": ({"problem": "Half?", "solution": "So \\boxed{\\frac12}.", "answer": "\\frac{1}{2}", "unique_id": "t/1.json"}, "\\frac{1}{2}"),
+    "MATH-500": ({"problem": "Half?", "solution": "So \\boxed{\\frac12}.", "answer": "\\frac{1}{2}",
+                  "unique_id": "t/1.json"}, "\\frac{1}{2}"),
     "math": ({"problem": "Half?", "solution": "First \\boxed{2}, no: \\boxed{\\frac{1}{2}}."}, "\\frac{1}{2}"),
     "gsm8k": ({"question": "How many?", "answer": "3 * 4 = <<3*4=12>>12 apples.\n#### 1,200"}, "1200"),
     "aime2025": ({"problem": "Find N.", "answer": "204", "id": 3}, "204"),
@@ -49,8 +50,10 @@ def test_errors(tmp_path):
     with pytest.raises(ValueError, match="unknown benchmark 'svamp'"):
         load_benchmark("svamp", tmp_path / "x.jsonl")
     path = tmp_path / "gsm.jsonl"
-    path.write_text(json.dumps({"question": "q", "answer": "#### 3"}) + "\n" + json.dumps({"problem": "q", "answer": "3"}) + "\n")
-    with pytest.raises(DataFormatError, match=r"gsm.jsonl:line 2: gsm8k: missing field: expected one of \['question'\]"):
+    path.write_text(json.dumps({"question": "q", "answer": "#### 3"}) + "\n"
+                    + json.dumps({"problem": "q", "answer": "3"}) + "\n")
+    with pytest.raises(DataFormatError,
+                       match=r"gsm.jsonl:line 2: gsm8k: missing field: expected one of \['question'\]"):
         load_benchmark("gsm8k", path)
     path = tmp_path / "olymp.jsonl"
     path.write_text(json.dumps({"question": "q", "final_answer": []}) + "\n")

@@ -21,7 +21,8 @@ def test_a_generator_gives_seeded_disjoint_splits_with_its_own_answers():
         dataset = reasoning_gym.create_dataset("gsm_symbolic", size=records[-1].extra_info["index"] + 1, seed=seed)
         for r in records:
             item = dataset[r.extra_info["index"]]
-            assert r.extra_info["seed"] == seed and r.question == item["question"] and r.ground_truth == str(item["answer"])
+            assert (r.extra_info["seed"] == seed and r.question == item["question"]
+                    and r.ground_truth == str(item["answer"]))
             assert dataset.score_answer(r.ground_truth, item) == 1.0
     assert train[0].data_source == "reasoning_gym:gsm_symbolic" and train[0].messages[0]["role"] == "user"
     # the same spec, the same problems in the same order; another seed, others
@@ -39,7 +40,8 @@ def test_generator_settings_reach_the_generator():
 
 @pytest.mark.parametrize("spec,message", [
     ("reasoning_gym:gsm_symbolik", "no generator 'gsm_symbolik'; did you mean gsm_symbolic"),
-    ("reasoning_gym:chain_sum?min_termz=3", "generator 'chain_sum' has no setting 'min_termz'; its settings: size, seed,"),
+    ("reasoning_gym:chain_sum?min_termz=3",
+     "generator 'chain_sum' has no setting 'min_termz'; its settings: size, seed,"),
     ("reasoning_gym:chain_sum?size=0", "size must be an integer >= 1"),
     ("reasoning_gym:chain_sum?min_terms=9&max_terms=2", "generator 'chain_sum' refused its settings"),
 ])

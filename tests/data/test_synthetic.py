@@ -139,6 +139,7 @@ def test_word_problems_answer_what_they_ask(spec):
     for record in records:
         assert int(record.ground_truth) == word_problem_answer(record.question) >= 0, record.question
     steps = 1 if "steps=1" in spec else 2
-    forms = {"bags of", "box holds", "pages a day", "dollars", "gives", "more"} if steps == 2 else {"bags of", "gives", "more"}
+    forms = ({"bags of", "box holds", "pages a day", "dollars", "gives", "more"} if steps == 2
+             else {"bags of", "gives", "more"})
     assert all(any(f in r.question for r in records) for f in forms)  # every form occurs
     assert len(load_prompts(spec, "eval")) == 256  # a held-out split of >= 100 problems, fixed

@@ -18,7 +18,8 @@ REPO = Path(__file__).resolve().parents[2]
 TORCHRUN = Path(sys.executable).with_name("torchrun")
 ENTRY = REPO / "examples" / "hacpo_pretrain_style.py"
 IGNORED = ("time/", "perf/", "pipeline/", "timestamp", "weight_sync/seconds", "weight_sync/engine_seconds",
-           "weight_sync/check_seconds", "weight_sync/bytes_per_second", "reward/seconds", "reward/answers_per_s", "ray/")
+           "weight_sync/check_seconds", "weight_sync/bytes_per_second", "reward/seconds", "reward/answers_per_s",
+           "ray/")
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
@@ -139,9 +140,9 @@ def test_train_only_replays_the_saved_steps_to_the_same_training_metrics(referen
 
 
 def test_rollout_only_generates_and_scores_with_no_update(reference_run, tmp_path, cache):
-    """run.mode rollout_only: engines and rewards, no learner and no checkpoint. Its first step's saved answers are the reference
-    run's (the same weights and sampling seed); the weights never change, so held-out accuracy at the end (sampled
-    with the same seed at every evaluation) equals that at step 0."""
+    """run.mode rollout_only: engines and rewards, no learner and no checkpoint. Its first step's saved answers are the
+    reference run's (the same weights and sampling seed); the weights never change, so held-out accuracy at the end
+    (sampled with the same seed at every evaluation) equals that at step 0."""
     out, saved = tmp_path / "run", tmp_path / "rollouts"
     output = run(small_config(tmp_path, cache, run={"mode": "rollout_only", "total_steps": 2}, data={"eval_every": 2}),
                  out, "--save-rollouts", str(saved))
@@ -156,7 +157,8 @@ def test_rollout_only_generates_and_scores_with_no_update(reference_run, tmp_pat
     problems = json.loads((out / "run_info.json").read_text())["prompts"]["eval"]["used"]
     scores = {(r["step"], r["agent"]): r["scores"]
               for r in map(json.loads, (out / "eval_scores.jsonl").read_text().splitlines())}
-    assert scores.keys() == evals.keys()  # each problem's score, whose mean is the accuracy, the same problem by problem
+    # each problem's score, whose mean is the accuracy, the same problem by problem
+    assert scores.keys() == evals.keys()
     assert all(len(s) == problems and sum(s) / problems == pytest.approx(evals[key]) for key, s in scores.items())
     assert all(scores[(2, agent)] == scores[(0, agent)] for _, agent in scores)
     for name in ("qwen3-tiny.json", "llama-tiny.json", "step.json"):

@@ -162,7 +162,8 @@ def test_losing_the_second_host_ends_the_job_on_the_first_naming_the_node_and_it
 def test_resumed_on_the_restored_hosts_the_run_gives_the_metrics_of_the_same_config_on_one_host(runs):
     assert comparable(metrics(runs.two_hosts)) == comparable(metrics(runs.one_host))
     info = json.loads((runs.two_hosts / "run_info.json").read_text())
-    assert info["ranks"][2]["node_id"] != runs.info_before_loss["ranks"][2]["node_id"]  # the restored host: a new Ray node
+    # the restored host: a new Ray node
+    assert info["ranks"][2]["node_id"] != runs.info_before_loss["ranks"][2]["node_id"]
     one_host = json.loads((runs.one_host / "run_info.json").read_text())
     assert len({node["node_id"] for node in one_host["ranks"]}) == 1
 

@@ -85,7 +85,8 @@ def test_dead_engines_and_a_dead_reward_actor_are_restarted_and_their_work_redon
     assert "score on" in output and "waiting for its restart" in output  # the reward actor's failure really happened
     records = metrics(out)
     losses = {(r["step"], r["agent"]): r["weight_sync/engine_losses"] for r in records if r["kind"] == "train"}
-    assert losses == {(s, a): float(s == 1 and a == "qwen3-tiny") for s in (1, 2, 3) for a in ("qwen3-tiny", "llama-tiny")}
+    assert losses == {(s, a): float(s == 1 and a == "qwen3-tiny")
+                      for s in (1, 2, 3) for a in ("qwen3-tiny", "llama-tiny")}
     # nothing lost, nothing counted twice
     assert without_losses(comparable(records)) == without_losses(comparable(metrics(reference_run)))
 

@@ -34,7 +34,7 @@ def test_soak_samples_every_process_kind_and_finds_an_injected_leak(tmp_path, ca
     growing = verdict.split("growing**: ")[1].splitlines()[0]
     assert "examples/hacpo_pretrain_style.py rss_bytes" in growing, verdict
     # the leak is 128 MiB a step, 12,800 MiB per 100 steps; the ranks' own use moves by ~100 MiB within a step
-    line = next(l for l in verdict.splitlines() if l.startswith("| examples/hacpo_pretrain_style.py | rss_bytes"))
+    line = next(row for row in verdict.splitlines() if row.startswith("| examples/hacpo_pretrain_style.py | rss_bytes"))
     slope = float(line.split("|")[4].split()[0])
     assert 6000 < slope < 25000, line
     for name in ("rss_bytes.png", "fds.png", "threads.png", "storage.png"):

@@ -29,7 +29,8 @@ def test_apply_is_idempotent_and_megatron_imports_and_configures_after_it():
         tensor_parallel.model_parallel_cuda_manual_seed(3, tp_rank=1, ep_rank=0, etp_rank=1, force_reset_rng=True)
         tracker = tensor_parallel.get_cuda_rng_tracker()
         # the tracker forks the CUDA generator on a GPU, the CPU one (megatron_cpu) on CPU
-        device, rng_state = ("cuda", torch.cuda.get_rng_state) if torch.cuda.is_available() else ("cpu", torch.get_rng_state)
+        device, rng_state = (("cuda", torch.cuda.get_rng_state) if torch.cuda.is_available()
+                             else ("cpu", torch.get_rng_state))
         before = rng_state()
         with tracker.fork():
             a = torch.rand(3, device=device)

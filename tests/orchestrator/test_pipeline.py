@@ -59,7 +59,6 @@ def test_every_step_is_trained_once_on_answers_at_most_k_versions_old(k):
 
 
 def test_k_0_launches_each_step_when_it_is_taken():
-    engine = FifoEngine()
     launched = []
     schedule = GenerationSchedule(max_staleness=0, total_steps=3, next_prompts=list,
                                   launch=lambda s, p: launched.append(s) or {})

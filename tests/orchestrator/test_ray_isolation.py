@@ -12,7 +12,6 @@ import sys
 import time
 
 import psutil
-import pytest
 import ray
 
 from hacpo_megatron.orchestrator.ray_runtime import TOKEN_FILE, RayRuntime
@@ -146,7 +145,8 @@ def _is_autoscaler_metrics(process, port: int) -> bool:
     metrics text and nothing else."""
     from ray.autoscaler._private.constants import AUTOSCALER_METRIC_PORT
 
-    if port != AUTOSCALER_METRIC_PORT or not any("autoscaler/_private/monitor.py" in part for part in process.cmdline()):
+    if port != AUTOSCALER_METRIC_PORT or not any("autoscaler/_private/monitor.py" in part
+                                                 for part in process.cmdline()):
         return False
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
     try:

@@ -13,7 +13,7 @@ import pytest
 
 from hacpo_megatron.reporting import REQUIRED_KEYS, read_metrics, read_run_info, tracker_install_problems
 from hacpo_megatron.reporting.trackers import flat_params, mlflow_key
-from tests.reporting.test_reporting import AGENTS, EVAL_STEPS, STEPS, write_run
+from tests.reporting.test_reporting import AGENTS, STEPS, write_run
 
 PARAMS = {"algorithm.name": "hacpo", "algorithm.alpha": 1.0, "agents.0.name": "qwen3-tiny", "run.seed": 7}
 
@@ -168,7 +168,8 @@ def test_wandb_resume_writes_to_the_same_run_id(tmp_path, monkeypatch):
     assert len(files) == 2 and all(f.endswith(f"run-{run_id}.wandb") for f in files)  # `wandb sync` joins them
     second = wandb_history(wandb_records(files[-1]))
     assert {step for step, _ in second} == {4, 5}
-    assert second[(5, "llama-tiny/reward_mean")] == pytest.approx(expected_metrics(tmp_path)[(5, "llama-tiny/reward_mean")])
+    assert second[(5, "llama-tiny/reward_mean")] == pytest.approx(
+        expected_metrics(tmp_path)[(5, "llama-tiny/reward_mean")])
 
 
 # ---------------------------------------------------------------------------------------------------- set-up

@@ -81,8 +81,10 @@ def _malformed(rng):
 
 def _nul_bytes(rng):
     if rng.random() < 0.5:
-        return Case("nul", "\x00" * rng.randint(1, 50) + "so \\boxed{42}" + "\x00" * rng.randint(0, 5), may_score=True)
-    return Case("nul", "".join(rng.choice(["\x00", "4", "\\boxed{", "}", "\x00\x00"]) for _ in range(30)) + "\\boxed{\x00}")
+        return Case("nul", "\x00" * rng.randint(1, 50) + "so \\boxed{42}" + "\x00" * rng.randint(0, 5),
+                    may_score=True)
+    return Case("nul", "".join(rng.choice(["\x00", "4", "\\boxed{", "}", "\x00\x00"]) for _ in range(30))
+                + "\\boxed{\x00}")
 
 
 def _random_unicode(rng):
@@ -102,7 +104,8 @@ def _not_text(rng):
 def _normal(rng):
     correct = rng.random() < 0.5
     value = 42 if correct else rng.choice([41, 43, 24, -42, 420])
-    template = rng.choice(["Adding up, \\boxed{{{v}}}.", "So the answer is {v}.", "{v}", "\\boxed{{\\frac{{{d}}}{{{q}}}}}"])
+    template = rng.choice(["Adding up, \\boxed{{{v}}}.", "So the answer is {v}.", "{v}",
+                           "\\boxed{{\\frac{{{d}}}{{{q}}}}}"])
     if "frac" in template:
         q = rng.randint(1, 9)
         return Case("normal", template.format(d=value * q, q=q), may_score=correct)

@@ -95,7 +95,8 @@ def test_float_rounding_decision_is_math_verify_default():
 
 @pytest.mark.parametrize(
     "truth, answer",
-    [("\\boxed{12}", "12"), ("Thus \\boxed{\\frac{1}{2}}.", "\\frac{1}{2}"), (" 7 ", "7"), (3, "3"), ("$x$", "x"), ("", None)],
+    [("\\boxed{12}", "12"), ("Thus \\boxed{\\frac{1}{2}}.", "\\frac{1}{2}"), (" 7 ", "7"), (3, "3"), ("$x$", "x"),
+     ("", None)],
 )
 def test_ground_truth_answer(truth, answer):
     assert ground_truth_answer(truth) == answer

@@ -20,7 +20,8 @@ def test_unknown_kind_lists_the_known_ones():
                                          ("sglang", r"\.\[sglang\]")])
 def test_a_missing_engine_package_names_what_to_install(kind, extra, monkeypatch):
     real_find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == kind else real_find_spec(name, *a))
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == kind else real_find_spec(name, *a))
     with pytest.raises(ImportError, match=extra):
         make_engine(kind, model_path="/nonexistent", eos_token_ids=[0])
 

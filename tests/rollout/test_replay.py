@@ -18,7 +18,8 @@ def prompts(offset=0):
 
 def rollouts():
     """Distinct answers per agent, prompt and sample; log-probs that only an exact float round trip keeps."""
-    return [[[Completion(token_ids=[k, b, i, 2], text=f"{k}{b}{i}", logprobs=[-0.1 * (i + 1) / 3, -1e-300, -7.0, 0.1 + 0.2],
+    return [[[Completion(token_ids=[k, b, i, 2], text=f"{k}{b}{i}",
+                         logprobs=[-0.1 * (i + 1) / 3, -1e-300, -7.0, 0.1 + 0.2],
                          finish_reason="stop" if i else "length")
               for i in range(G)] for b in range(B)] for k in range(len(AGENTS))]
 
@@ -53,7 +54,8 @@ def test_replaying_on_other_prompts_agents_or_group_size_is_refused(tmp_path):
     save_step(tmp_path, 1, AGENTS, prompts(), rollouts(), scores(), STATS)
     with pytest.raises(ReplayError, match="saved for other prompts than this run's step 1"):
         load_step(tmp_path, 1, AGENTS, prompts(offset=5), G)
-    with pytest.raises(ReplayError, match=r"no answers of agent 'gemma3' \(the saved run's agents: qwen3-tiny, llama-tiny\)"):
+    with pytest.raises(ReplayError,
+                       match=r"no answers of agent 'gemma3' \(the saved run's agents: qwen3-tiny, llama-tiny\)"):
         load_step(tmp_path, 1, ["gemma3"], prompts(), G)
     with pytest.raises(ReplayError, match=r"\[3\] answers per prompt, this run needs 6"):
         load_step(tmp_path, 1, AGENTS, prompts(), 2 * G)

@@ -67,7 +67,7 @@ class Pair:
         packed = [pack_bucket(bucket, index) for bucket, index in zip(buckets, indices)]
         thread = threading.Thread(target=receive, args=([header for header, _ in packed],))
         thread.start()
-        for header, flat in packed:
+        for _header, flat in packed:
             broadcast(self.sender, flat)  # must return even when the receiver refuses the bucket
             if errors:
                 break

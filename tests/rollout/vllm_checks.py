@@ -118,7 +118,8 @@ def main(out_path, workdir):
     params = SamplingParams(n=3, temperature=0.8, max_new_tokens=6, seed=11)
     out = engine.generate(prompts, params)
     facts["group_sizes"] = [len(g) for g in out]
-    facts["lengths_ok"] = all(1 <= len(c.token_ids) <= 6 and len(c.logprobs) == len(c.token_ids) for g in out for c in g)
+    facts["lengths_ok"] = all(1 <= len(c.token_ids) <= 6 and len(c.logprobs) == len(c.token_ids)
+                              for g in out for c in g)
     facts["finish_reasons"] = sorted({c.finish_reason for g in out for c in g})
     facts["logprob_max_abs_diff"] = max(
         abs(a - b)
@@ -212,7 +213,8 @@ def gemma3_main(out_path, workdir):
     one_line = [tokenizer("Question: What is 3 + 4? Answer:")["input_ids"]]
     greedy = SamplingParams(n=1, greedy=True, max_new_tokens=12, seed=0)
     first = engine.generate(one_line, greedy)[0][0].token_ids[0]
-    weights = {n: t for n, t in model_b.state_dict().items() if n != "lm_head.weight"}  # the whole model: CPU reloads it
+    # the whole model: CPU reloads it
+    weights = {n: t for n, t in model_b.state_dict().items() if n != "lm_head.weight"}
     embed = weights["model.embed_tokens.weight"].clone()
     embed[line_break] = 2 * embed[first]
     push_weights(engine, list(dict(weights, **{"model.embed_tokens.weight": embed}).items()))

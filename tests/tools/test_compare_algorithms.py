@@ -152,7 +152,7 @@ def test_table_values_paired_differences_and_plot(tool, tmp_path):
     assert f"| hacpo - gspo | llama-tiny | {mean:+.3f} ± {half:.3f} |" in text
     assert "| gspo | 3 | not started: no checkpoint (logged up to step 1) | ran fresh, failed (exit 1) |" in text
     # a reader can rerun it: the study folder (outside the checkout here) is OUT, no folder of this machine is named
-    assert "--only LABEL:SEED" in text and "--output-dir OUT/hacpo/seed2" in text and f"--out OUT" in text
+    assert "--only LABEL:SEED" in text and "--output-dir OUT/hacpo/seed2" in text and "--out OUT" in text
     assert f"Code: {tool.code_version(os.getcwd())}." in text and "| hacpo | 2 | finished" in text
     assert str(tmp_path) not in text and sys.executable not in text
     plot = tmp_path / "accuracy.png"
@@ -409,7 +409,8 @@ def test_clip_diagnostics_per_step_and_their_table_over_seeds(tool, tmp_path):
     results = [tool.collect_cell(cell) for cell in tool.plan_cells([variant], [1, 2], tmp_path)]
     rows = tool.clip_table(results, "hacpo")
     assert rows == [["1", AGENTS[0], "0.50", "0.50", "0.00", "0.50", "0.50", "0.25", "2"]]
-    text = tool.results_markdown(results, ["hacpo"], None, {}, base_config="cfg.yaml", seeds=[1, 2], workdir=str(tmp_path))
+    text = tool.results_markdown(results, ["hacpo"], None, {}, base_config="cfg.yaml", seeds=[1, 2],
+                                 workdir=str(tmp_path))
     assert "| 1 | " + AGENTS[0] + " | 0.50 | 0.50 | 0.00 | 0.50 | 0.50 | 0.25 | 2 |" in text
 
 

@@ -58,9 +58,14 @@ def test_the_floor_is_taken_over_several_samples_when_steps_are_shorter_than_the
 
 
 def test_only_the_second_half_is_judged():
-    warming = lambda step: 40 if step > 10 else 20 + 2 * step  # descriptors opened while starting, then flat
+    def warming(step):  # descriptors opened while starting, then flat
+        return 40 if step > 10 else 20 + 2 * step
+
     assert verdicts(soak.findings(rows(engine_fds=warming), {}))[("ray::EngineActor", "fds")]
-    leaking = lambda step: 40 + (step > 10) * step  # one more descriptor every step of the second half
+
+    def leaking(step):  # one more descriptor every step of the second half
+        return 40 + (step > 10) * step
+
     assert not verdicts(soak.findings(rows(engine_fds=leaking), {}))[("ray::EngineActor", "fds")]
 
 
@@ -95,7 +100,9 @@ def engines(steps, count, rss_mib):
 def test_after_the_faults_the_same_processes_and_no_more_memory():
     """First fault after step 40 of 80: steps 31-40 (the last quarter before it) are the reference (800-836 MiB a
     process, 2 processes; earlier steps, with 1 process, are start-up), steps 61-80 (the last quarter) are judged."""
-    held = lambda step: 800 + 4 * (step % 10)  # 800..836
+    def held(step):  # 800..836
+        return 800 + 4 * (step % 10)
+
     recovered = engines(range(1, 81), lambda step: 1 if step < 20 else 2,
                         lambda step: held(step) if step <= 40 else 850)
     assert all(x.ok for x in soak.recovery(recovered, 40))  # 850 <= 836 x 1.1

@@ -17,7 +17,7 @@ def test_fused_torch_adam_takes_the_same_steps_as_torchs_default():
         optimizer = fused
 
     assert use_fused_torch_adam(Wrapped()) == 1 and fused.param_groups[0]["fused"] is True
-    for step in range(3):
+    for _step in range(3):
         grad = torch.randn(64, 32)
         for p, opt in zip(params, (default, fused)):
             p.grad = grad.clone()

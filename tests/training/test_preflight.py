@@ -58,18 +58,21 @@ def test_an_engine_whose_package_is_missing_is_named_with_what_to_install(tmp_pa
     import importlib.util
 
     real_find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real_find_spec(name, *a))
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "vllm" else real_find_spec(name, *a))
     with pytest.raises(InputError) as error:
         check_inputs(config("agents.1.engine=vllm"), output_dir=str(tmp_path), resume=False)
     assert len(error.value.problems) == 1
-    assert error.value.problems[0].startswith("agents.1 (b).engine: vLLM is not installed") and "make setup-vllm" in str(error.value)
+    assert (error.value.problems[0].startswith("agents.1 (b).engine: vLLM is not installed")
+            and "make setup-vllm" in str(error.value))
 
 
 def test_a_tracker_whose_package_is_missing_is_named_with_its_install_line(tmp_path, monkeypatch):
     import importlib.util
 
     real_find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "mlflow" else real_find_spec(name, *a))
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "mlflow" else real_find_spec(name, *a))
     with pytest.raises(InputError) as error:
         check_inputs(config("logging.trackers=[tensorboard, mlflow]"), output_dir=str(tmp_path), resume=False)
     assert error.value.problems == ["logging.trackers: tracker 'mlflow' needs mlflow, not installed here: "
@@ -79,7 +82,8 @@ def test_a_tracker_whose_package_is_missing_is_named_with_its_install_line(tmp_p
 def test_debug_modes_and_their_rollout_folders_must_fit(tmp_path):
     def problems(overrides="", **folders):
         with pytest.raises(InputError) as error:
-            check_inputs(config(overrides) if overrides else config(), output_dir=str(tmp_path), resume=False, **folders)
+            check_inputs(config(overrides) if overrides else config(), output_dir=str(tmp_path), resume=False,
+                         **folders)
         return error.value.problems
 
     with pytest.raises(InputError, match="run.mode rollout_only keeps no checkpoint"):
@@ -91,7 +95,8 @@ def test_debug_modes_and_their_rollout_folders_must_fit(tmp_path):
     assert problems("run.mode=train_only", load_rollouts=str(tmp_path), save_rollouts=str(tmp_path / "s")) == [
         "--save-rollouts: run.mode train_only generates no answers to save"]
     (tmp_path / "file").write_text("")
-    assert problems(save_rollouts=str(tmp_path / "file")) == [f"--save-rollouts {tmp_path / 'file'}: a file is in the way of the folder"]
+    assert problems(save_rollouts=str(tmp_path / "file")) == [
+        f"--save-rollouts {tmp_path / 'file'}: a file is in the way of the folder"]
     (tmp_path / "saved" / "step_000001").mkdir(parents=True)
     (found,) = problems("run.mode=train_only", load_rollouts=str(tmp_path / "saved"))
     assert found.startswith(f"--load-rollouts: {tmp_path / 'saved' / 'step_000001' / 'step.json'} is missing (and ")

@@ -27,7 +27,8 @@ def test_training_flops_match_torchs_count_of_the_hf_models_forward_and_backward
     ours = training_flops(arch, [(prompt, [response])])
     assert counted == pytest.approx(ours + 3 * attention_flops(arch, prompt + response, []), rel=1e-9)
     # packed sequences attend to themselves only: attention adds per sequence, the rest per token
-    assert training_flops(arch, [(prompt, [response]), (3, [2])]) == pytest.approx(ours + training_flops(arch, [(3, [2])]))
+    assert training_flops(arch, [(prompt, [response]), (3, [2])]) == pytest.approx(
+        ours + training_flops(arch, [(3, [2])]))
     assert attention_flops(arch, 2 * prompt, []) == pytest.approx(4 * attention_flops(arch, prompt, []))
 
 

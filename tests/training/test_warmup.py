@@ -190,7 +190,8 @@ def test_stops_at_the_first_check_that_reaches_the_accuracy(monkeypatch):
 def test_each_agent_may_be_warmed_up_on_its_own_problems():
     from hacpo_megatron.config import load_config
 
-    agents = ("agents=[{name: a, model: tiny-qwen3, tokenizer: qwen3, sft_warmup_task: 'synthetic:largest?part=1&parts=2',"
+    agents = ("agents=[{name: a, model: tiny-qwen3, tokenizer: qwen3, "
+              "sft_warmup_task: 'synthetic:largest?part=1&parts=2',"
               " sft_warmup_stop_accuracy: 0.5}, {name: b, model: tiny-qwen3, tokenizer: qwen3}]")
     cfg = load_config(None, [agents, "data.train=synthetic:largest"])
     assert [warmup.agent_warmup_plan(cfg, agent) for agent in cfg.agents] == [

@@ -141,7 +141,7 @@ def snapshot(agent, optimizer) -> dict:
     state = optimizer.state_dict()
     moments = []
     for group_state in (state if isinstance(state, list) else [state]):
-        for index, values in sorted(group_state["state"].items()):
+        for _index, values in sorted(group_state["state"].items()):
             moments += [values["exp_avg"].clone(), values["exp_avg_sq"].clone()]
     return {"params": params, "moments": moments}
 

@@ -72,7 +72,8 @@ def kernel_checks(agent, sequences, shared_sequences, budget: int, export_grads)
         timed = time.time()
         a = dataclasses.replace(agent, attention=kernel)
         entry = {
-            "logprobs": compute_sequence_logprobs(a, sequences, temperature=TEMPERATURE, max_sequences_per_micro_batch=2),
+            "logprobs": compute_sequence_logprobs(a, sequences, temperature=TEMPERATURE,
+                                                  max_sequences_per_micro_batch=2),
             "packed_logprobs": compute_sequence_logprobs(a, sequences, temperature=TEMPERATURE,
                                                          max_tokens_per_micro_batch=budget),
             "shared_logprobs": compute_sequence_logprobs(a, shared_sequences, temperature=TEMPERATURE,
@@ -143,11 +144,13 @@ def main(out: Path) -> None:
                                                         max_sequences_per_micro_batch=5, share_prompts=True)
             logprob_sum_grads(agent, SHARED_PROMPT_SEQUENCES, share_prompts=True)
             shared_grads = export_hf_state_dict(agent.model, TEST_CONFIGS[arch], parallel, tensor_of=lambda p: p.grad)
-            kernels = kernel_checks(agent, SEQUENCES, SHARED_PROMPT_SEQUENCES, PACKED_TOKENS, lambda: export_hf_state_dict(
-                agent.model, TEST_CONFIGS[arch], parallel, tensor_of=lambda p: p.grad))
+            kernels = kernel_checks(agent, SEQUENCES, SHARED_PROMPT_SEQUENCES, PACKED_TOKENS,
+                                    lambda agent=agent, arch=arch, parallel=parallel: export_hf_state_dict(
+                                        agent.model, TEST_CONFIGS[arch], parallel, tensor_of=lambda p: p.grad))
             # every rank of the agent has the log-probs; record rank 1's copy too for the test
             entry[parallel.name] = {"logprobs": logprobs, "exported": exported, "grads": grads,
-                                    "shared_logprobs": shared_logprobs, "shared_grads": shared_grads, "kernels": kernels}
+                                    "shared_logprobs": shared_logprobs, "shared_grads": shared_grads,
+                                    "kernels": kernels}
             if rank == 1:
                 entry[parallel.name] = {"logprobs": logprobs, "shared_logprobs": shared_logprobs}
             results["timings"][f"{arch}/{parallel.name}"] = time.time() - start

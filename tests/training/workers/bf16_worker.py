@@ -54,9 +54,11 @@ def main(out_path: str) -> None:
             "token_logp": token_logp.tolist(), "surrogate": losses,
             "param_dtypes": sorted({str(p.dtype) for p in params}),
             "main_param_dtypes": sorted({str(m.dtype) for m in main_params}),
-            "params_are_rounded_main": all(torch.equal(p.data, m.data.to(p.dtype)) for p, m in zip(params, main_params)),
+            "params_are_rounded_main": all(torch.equal(p.data, m.data.to(p.dtype))
+                                           for p, m in zip(params, main_params)),
             # fp32 main weights hold updates smaller than a bf16 step: some differ from their bf16 copy
-            "main_holds_more_than_bf16": any(not torch.equal(m.data, p.data.float()) for p, m in zip(params, main_params)),
+            "main_holds_more_than_bf16": any(not torch.equal(m.data, p.data.float())
+                                             for p, m in zip(params, main_params)),
         }
     with open(out_path, "w") as f:
         json.dump(report, f)

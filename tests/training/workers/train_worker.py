@@ -148,7 +148,8 @@ def part_agents(cfg, out):
             means = seq_means(trainer, [(r.prompt_ids, r.response_ids) for r in rows])
             objective.append(-sum(r.advantage * m for r, m in zip(rows, means)) / len(rows))
             if step < 4:
-                metrics = trainer.train_step(mini_batches(rows, schedule_for(k, adv.trains_on, cfg.train.mini_batch_size)))
+                metrics = trainer.train_step(mini_batches(rows, schedule_for(k, adv.trains_on,
+                                                                             cfg.train.mini_batch_size)))
         report[cfg.agents[k].name] = {"objective": objective, "num_rows": len(rows), "rank_metrics": metrics,
                                       "num_updates": len(metrics), "num_cross": sum(m["num_cross"] for m in metrics),
                                       "num_own": sum(m["num_own"] for m in metrics)}
@@ -200,14 +201,16 @@ def part_kl(hf_config, out, kl_coef=0.5):
         first = {coef: trainer.train_step(batches)[0] for coef, trainer in trainers.items()}
         own_rows = [r for r in batches[0] if not r.is_cross]
         mixed = [sum(r.is_cross for r in batches[0][i:i + 3]) for i in range(0, len(batches[0]), 3)]
-        report[name] = {"loss_difference": first[kl_coef]["loss"] - first[0.0]["loss"], "kl_logged": first[kl_coef]["kl"],
+        report[name] = {"loss_difference": first[kl_coef]["loss"] - first[0.0]["loss"],
+                        "kl_logged": first[kl_coef]["kl"],
                         "kl_reference": k3_reference(own_rows, token_logp, sequences), "kl_coef": kl_coef,
                         "micro_batch_cross_counts": mixed, "first_update_rows": len(batches[0])}
     return report
 
 
 def main(config_path: str, out: Path) -> None:
-    import faulthandler, os
+    import faulthandler
+    import os
     if os.environ.get("HACPO_DEBUG_HANG"):
         faulthandler.dump_traceback_later(float(os.environ["HACPO_DEBUG_HANG"]), exit=True)
     init_distributed()
