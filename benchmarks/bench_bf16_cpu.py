@@ -25,12 +25,12 @@ from hacpo_megatron.algorithms.registry import algorithm_spec  # noqa: E402
 from hacpo_megatron.checkpoint.gguf import resolve_model_source  # noqa: E402
 from hacpo_megatron.checkpoint.hf_io import HFWeights  # noqa: E402
 from hacpo_megatron.checkpoint.hf_mapping import load_hf_state_dict_into_model  # noqa: E402
-from hacpo_megatron.config.schema import AgentConfig, AlgorithmConfig, ParallelConfig  # noqa: E402
+from hacpo_megatron.config.schema import AgentConfig, AlgorithmConfig, Config, ParallelConfig, TrainConfig  # noqa: E402
 from hacpo_megatron.models.build import build_agent_model  # noqa: E402
 from hacpo_megatron.models.presets import load_hf_config_dict  # noqa: E402
 from hacpo_megatron.parallel.groups import create_agent_groups, init_distributed  # noqa: E402
 from hacpo_megatron.training.batch import SequenceRow  # noqa: E402
-from hacpo_megatron.training.trainer import AgentTrainer, TrainHyperparams  # noqa: E402
+from hacpo_megatron.training.trainer import AgentTrainer  # noqa: E402
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -49,7 +49,7 @@ def trainer_for(folder: str, dtype: torch.dtype, parallel) -> AgentTrainer:
     agent = build_agent_model(hf_config, parallel, seed=1, params_dtype=dtype)
     load_hf_state_dict_into_model(agent.model, HFWeights(folder), hf_config, parallel)
     return AgentTrainer(agent, algorithm_spec(AlgorithmConfig(name="gspo")),
-                        TrainHyperparams(lr=1e-6, micro_batch_size=8))
+                        Config(train=TrainConfig(lr=1e-6, micro_batch_size=8)))
 
 
 def rows_for(trainer: AgentTrainer, sequences) -> list:

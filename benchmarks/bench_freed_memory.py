@@ -40,12 +40,12 @@ def child(mode: str, preset: str, steps: int) -> dict:
     from hacpo_megatron import environment
     from hacpo_megatron.algorithms.registry import algorithm_spec
     from hacpo_megatron.bridge.tokenizers import load_tokenizer  # noqa: F401 (what a rank imports)
-    from hacpo_megatron.config.schema import AgentConfig, AlgorithmConfig, ParallelConfig
+    from hacpo_megatron.config.schema import AgentConfig, AlgorithmConfig, Config, ParallelConfig, TrainConfig
     from hacpo_megatron.models.build import build_agent_model
     from hacpo_megatron.models.presets import PRESETS
     from hacpo_megatron.parallel.groups import create_agent_groups, init_distributed
     from hacpo_megatron.training.batch import SequenceRow
-    from hacpo_megatron.training.trainer import AgentTrainer, TrainHyperparams
+    from hacpo_megatron.training.trainer import AgentTrainer
     import ray  # noqa: F401 (a rank's Ray client state)
 
     if mode == "full":  # the code before: never freeze
@@ -55,7 +55,8 @@ def child(mode: str, preset: str, steps: int) -> dict:
     init_distributed("gloo")
     [parallel] = create_agent_groups([AgentConfig(name="a", model=preset, parallel=ParallelConfig(first_rank=0))])
     trainer = AgentTrainer(build_agent_model(PRESETS[preset], parallel, seed=1),
-                           algorithm_spec(AlgorithmConfig(name="hacpo")), TrainHyperparams(lr=1e-3, micro_batch_size=8))
+                           algorithm_spec(AlgorithmConfig(name="hacpo")),
+                           Config(train=TrainConfig(lr=1e-3, micro_batch_size=8)))
     g = torch.Generator().manual_seed(0)
     vocab = PRESETS[preset]["vocab_size"]
     rows = [SequenceRow(prompt_ids=torch.randint(2, vocab, (12,), generator=g).tolist(),

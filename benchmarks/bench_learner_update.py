@@ -36,13 +36,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import bench_shared_prompts  # noqa: E402
 from hacpo_megatron.algorithms.registry import algorithm_spec  # noqa: E402
-from hacpo_megatron.config.schema import AgentConfig, AlgorithmConfig, ParallelConfig  # noqa: E402
+from hacpo_megatron.config.schema import AgentConfig, AlgorithmConfig, Config, ParallelConfig, TrainConfig  # noqa: E402
 from hacpo_megatron.models import logprobs  # noqa: E402
 from hacpo_megatron.models.build import build_agent_model  # noqa: E402
 from hacpo_megatron.models.presets import load_hf_config_dict  # noqa: E402
 from hacpo_megatron.parallel.groups import create_agent_groups, init_distributed  # noqa: E402
 from hacpo_megatron.training.batch import mini_batches  # noqa: E402
-from hacpo_megatron.training.trainer import AgentTrainer, TrainHyperparams  # noqa: E402
+from hacpo_megatron.training.trainer import AgentTrainer  # noqa: E402
 
 
 def composed_target_logprob(logits: torch.Tensor, targets: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -96,8 +96,8 @@ def main() -> None:
     [parallel] = create_agent_groups([AgentConfig(name="a", model=args.model, parallel=ParallelConfig(first_rank=0))])
     trainers = {mode: AgentTrainer(build_agent_model(hf_config, parallel, seed=1),
                                    algorithm_spec(AlgorithmConfig(name="hacpo")),
-                                   TrainHyperparams(lr=1e-6, micro_batch_size=args.micro_batch_size,
-                                                    share_prompts=True))
+                                   Config(train=TrainConfig(lr=1e-6, micro_batch_size=args.micro_batch_size,
+                                                            share_prompts=True)))
                 for mode in modes}
     batch = bench_shared_prompts.step_sequences(steps, hf_config["vocab_size"])
     own = [(prompt, answer) for prompt, answers, _ in batch for answer in answers]

@@ -25,7 +25,7 @@ megatron's rows are one per `--attention` kernel (train.attention; `megatron[sdp
 auto), with `--max-tokens` its micro-batches by a token budget (train.max_tokens_per_micro_batch).
 
 The HF training update mirrors what megatron's optimizer does here: AdamW (weight decay 0.01) and gradient
-clipping at norm 1.0 (TrainHyperparams' defaults). Throughput counts all N * (P + R) tokens of the batch.
+clipping at norm 1.0 (the config schema's defaults). Throughput counts all N * (P + R) tokens of the batch.
 By default both sides take the whole batch as one micro-batch (--micro-batch N for smaller ones).
 
 Timings are medians of --repeats rounds after --warmup rounds (a round runs every backend once), with
@@ -236,7 +236,8 @@ def bench_model(name: str, hf_config: Dict, parallel, args) -> Tuple[List[Dict],
     from hacpo_megatron.models.build import build_agent_model
     from hacpo_megatron.models.logprobs import compute_sequence_logprobs
     from hacpo_megatron.rollout.embedded import hf_model_from_config
-    from hacpo_megatron.training.trainer import AgentTrainer, TrainHyperparams
+    from hacpo_megatron.config.schema import Config, RolloutConfig, TrainConfig
+    from hacpo_megatron.training.trainer import AgentTrainer
 
     vocab = hf_config["vocab_size"]
     work = make_workload(args.sequences, args.prompt_length, args.response_length, vocab)
@@ -286,9 +287,9 @@ def bench_model(name: str, hf_config: Dict, parallel, args) -> Tuple[List[Dict],
     old_seq_logp = reference.sums / reference.lengths  # what the RL step passes as old log-probs
 
     # ---- training update (megatron and HF each update their own copy of the weights)
-    hp = TrainHyperparams(lr=LR, micro_batch_size=micro_batch, temperature=TEMPERATURE,
-                          max_tokens_per_micro_batch=args.max_tokens)
-    trainer = AgentTrainer(agent, resolve_algorithm("hacpo"), hp)
+    run_cfg = Config(train=TrainConfig(lr=LR, micro_batch_size=micro_batch, max_tokens_per_micro_batch=args.max_tokens),
+                     rollout=RolloutConfig(temperature=TEMPERATURE))
+    trainer = AgentTrainer(agent, resolve_algorithm("hacpo"), run_cfg)
     train_rows = megatron_rows(work, old_seq_logp)
     optimizer = torch.optim.AdamW(hf.parameters(), lr=LR, weight_decay=0.01)  # megatron's "adam" decays like AdamW
     amp_optimizer = torch.optim.AdamW(amp.parameters(), lr=LR, weight_decay=0.01, fused=True) if amp else None

@@ -32,12 +32,12 @@ from hacpo_megatron.algorithms.registry import algorithm_spec  # noqa: E402
 from hacpo_megatron.checkpoint.gguf import resolve_model_source  # noqa: E402
 from hacpo_megatron.checkpoint.hf_io import HFWeights  # noqa: E402
 from hacpo_megatron.checkpoint.hf_mapping import load_hf_state_dict_into_model  # noqa: E402
-from hacpo_megatron.config.schema import AgentConfig, AlgorithmConfig, ParallelConfig  # noqa: E402
+from hacpo_megatron.config.schema import AgentConfig, AlgorithmConfig, Config, ParallelConfig, TrainConfig  # noqa: E402
 from hacpo_megatron.models.build import build_agent_model  # noqa: E402
 from hacpo_megatron.models.presets import load_hf_config_dict  # noqa: E402
 from hacpo_megatron.parallel.groups import create_agent_groups, init_distributed  # noqa: E402
 from hacpo_megatron.training.batch import SequenceRow, UpdateSchedule, mini_batches  # noqa: E402
-from hacpo_megatron.training.trainer import AgentTrainer, TrainHyperparams  # noqa: E402
+from hacpo_megatron.training.trainer import AgentTrainer  # noqa: E402
 
 MODES = {"one row per sequence": False, "shared prompts": True}
 
@@ -98,7 +98,8 @@ def main() -> None:
         agent = build_agent_model(hf_config, parallel, seed=1)
         load_hf_state_dict_into_model(agent.model, HFWeights(folder), hf_config, parallel)
         trainers[mode] = AgentTrainer(agent, algorithm_spec(AlgorithmConfig(name="hacpo")),
-                                      TrainHyperparams(lr=1e-6, micro_batch_size=args.micro_batch, share_prompts=share))
+                                      Config(train=TrainConfig(lr=1e-6, micro_batch_size=args.micro_batch,
+                                                                               share_prompts=share)))
     batch = step_sequences(args, hf_config["vocab_size"])
     own = [(prompt, answer) for prompt, answers, _ in batch for answer in answers]
     schedule = update_schedule(args)

@@ -57,7 +57,7 @@ from hacpo_megatron.training.step_data import (
     OldLogProbs, check_engine_logprobs, drop_overlong_prompts, engine_old_logprobs, learner_rows, own_sequences,
     rewards_tensor, rollout_stats, with_learner_old_logprobs,
 )
-from hacpo_megatron.training.trainer import AgentTrainer, TrainHyperparams, time_gemm_peaks_in_turn
+from hacpo_megatron.training.trainer import AgentTrainer, time_gemm_peaks_in_turn
 
 
 @dataclass
@@ -135,7 +135,7 @@ def run_hacpo(cfg: Config, options: RunOptions, model_provider: ModelProvider) -
             if cfg.run.mode == "rollout_only":
                 agents.models[k] = model  # its engine's weights; no learner (no optimizer, no update)
                 continue
-            agents.trainers[k] = AgentTrainer(model, spec, _hyperparams(cfg, agent_cfg))
+            agents.trainers[k] = AgentTrainer(model, spec, cfg, lr=agent_cfg.lr)
             if cfg.algorithm.kl_coef > 0:
                 agents.references[k] = model_provider(agent_cfg, parallel, agents.hf_configs[k], cfg.run.seed + k)
 
@@ -381,9 +381,9 @@ def _agent_logprobs(trainer: AgentTrainer, model: Optional[AgentModel], sequence
     else:  # a frozen reference model of the same layout
         from hacpo_megatron.models.logprobs import compute_sequence_logprobs
 
-        result = compute_sequence_logprobs(model, mine, temperature=trainer.hp.temperature,
-                                           max_sequences_per_micro_batch=trainer.hp.micro_batch_size,
-                                           max_tokens_per_micro_batch=trainer.hp.max_tokens_per_micro_batch,
+        result = compute_sequence_logprobs(model, mine, temperature=trainer.temperature,
+                                           max_sequences_per_micro_batch=trainer.train.micro_batch_size,
+                                           max_tokens_per_micro_batch=trainer.train.max_tokens_per_micro_batch,
                                            share_prompts=trainer.share_prompts)
     tokens = [result.token_logprobs[i, : int(result.lengths[i])].tolist() for i in range(len(mine))]
     if parallel.dp_size == 1:
@@ -427,18 +427,6 @@ def _checkpoint_due(cfg: Config, done: int) -> bool:
 
 
 _LEAKED: List[Any] = []  # RunOptions.leak_mib_per_step: a leak the soak tool's test must find
-
-
-def _hyperparams(cfg: Config, agent_cfg) -> TrainHyperparams:
-    t, a = cfg.train, cfg.algorithm
-    return TrainHyperparams(
-        lr=agent_cfg.lr or t.lr, min_lr=t.min_lr, lr_warmup_steps=t.lr_warmup_steps, lr_schedule=t.lr_schedule,
-        total_steps=cfg.run.total_steps, weight_decay=t.weight_decay, adam_beta1=t.adam_beta1,
-        adam_beta2=t.adam_beta2, adam_eps=t.adam_eps, grad_clip=t.grad_clip, micro_batch_size=t.micro_batch_size,
-        temperature=cfg.rollout.temperature, clip_low=a.clip_low, clip_high=a.clip_high,
-        grpo_clip_low=a.grpo_clip_low, grpo_clip_high=a.grpo_clip_high, alpha=a.alpha, delta=a.delta,
-        delta_step=a.delta_step, cross_clip_fit_quantile=a.cross_clip_fit_quantile, kl_coef=a.kl_coef,
-        share_prompts=t.share_prompts, max_tokens_per_micro_batch=t.max_tokens_per_micro_batch)
 
 
 def _reporter(cfg: Config, agents: Agents, options: RunOptions, start_step: int):

@@ -1,6 +1,6 @@
 """The training step of one agent: M mini-batch updates of its policy loss on its share of the batch.
 
-    trainer = AgentTrainer(agent, spec, hparams)              # Megatron DDP + Adam + LR schedule
+    trainer = AgentTrainer(agent, spec, cfg, lr=agent_cfg.lr)  # Megatron DDP + Adam + LR schedule
     old = trainer.sequence_logprobs(own_sequences)            # step 5: old log-probs of own responses
     metrics = trainer.train_step(mini_batches(rows, schedule))  # step 6: m = 0 .. M-1 updates
 
@@ -24,7 +24,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from dataclasses import dataclass
 from functools import partial
 from typing import Dict, List, Optional, Sequence
 
@@ -36,6 +35,7 @@ from hacpo_megatron.algorithms import (
     fitted_cross_clip_lower_bound, low_var_kl_penalty,
 )
 from hacpo_megatron.algorithms.losses import LOG_RATIO_EDGES
+from hacpo_megatron.config import Config
 from hacpo_megatron.environment import return_freed_memory
 from hacpo_megatron import megatron_cpu
 from hacpo_megatron.models.build import AgentModel
@@ -51,34 +51,6 @@ from hacpo_megatron.models.logprobs import (
 from hacpo_megatron.parallel.groups import collective_device, world_collectives_within
 from hacpo_megatron.training.batch import SequenceRow, data_parallel_shard, micro_batches, rows_with_gradient
 from hacpo_megatron.training.utilisation import gemm_peak_flops, training_flops
-
-
-@dataclass
-class TrainHyperparams:
-    lr: float = 1e-6
-    min_lr: float = 0.0
-    lr_warmup_steps: int = 0
-    lr_schedule: str = "constant"  # constant | cosine | linear, over total_steps
-    total_steps: int = 1
-    weight_decay: float = 0.01
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.999
-    adam_eps: float = 1e-8
-    grad_clip: float = 1.0  # 0 disables
-    micro_batch_size: int = 4
-    temperature: float = 1.0
-    # loss hyperparameters
-    clip_low: float = 3e-4
-    clip_high: float = 4e-4
-    grpo_clip_low: float = 0.2
-    grpo_clip_high: float = 0.28
-    alpha: float = 1.0
-    delta: float = 0.2
-    delta_step: float = 0.025
-    cross_clip_fit_quantile: Optional[float] = None  # beyond the paper: see AgentTrainer.cross_clip_fitted
-    kl_coef: float = 0.0
-    share_prompts: bool = True  # the responses to one prompt share a row, the prompt computed once (exact)
-    max_tokens_per_micro_batch: Optional[int] = None  # a token budget: sequences packed end to end (no padding)
 
 
 def time_gemm_peaks_in_turn(trainers: Sequence["AgentTrainer"]) -> None:
@@ -123,14 +95,19 @@ def use_fused_torch_adam(optimizer) -> int:
 class AgentTrainer:
     """Optimisation state and updates of one agent, on every rank of that agent."""
 
-    def __init__(self, agent: AgentModel, spec: AlgorithmSpec, hp: TrainHyperparams):
+    def __init__(self, agent: AgentModel, spec: AlgorithmSpec, cfg: Config, *, lr: Optional[float] = None):
+        """Reads the run's config once: `train:` (optimizer, LR schedule, micro-batches), `algorithm:` (the loss,
+        the KL penalty, the fitted bound), `rollout.temperature` and `run.total_steps`. `lr`: the agent's own
+        (agents[k].lr), else train.lr."""
         megatron_cpu.apply()
         from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
         from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
-        self.spec, self.hp, self.parallel = spec, hp, agent.parallel
-        self.loss_params = LossParams.from_config(hp, spec)
+        self.spec, self.parallel = spec, agent.parallel
+        self.train, self.algorithm, self.temperature = cfg.train, cfg.algorithm, cfg.rollout.temperature
+        self.loss_params = LossParams.from_config(cfg.algorithm, spec)
+        t, lr = cfg.train, lr or cfg.train.lr
         self.policy_loss = POLICY_LOSSES[spec.policy_loss]
         config = agent.config
         config.calculate_per_token_loss = True  # see the module docstring: keep losses, sum gradients
@@ -146,9 +123,9 @@ class AgentTrainer:
         with world_collectives_within(agent.parallel):
             self.optimizer = get_megatron_optimizer(
                 OptimizerConfig(
-                    optimizer="adam", lr=hp.lr, min_lr=hp.min_lr, weight_decay=hp.weight_decay,
-                    adam_beta1=hp.adam_beta1, adam_beta2=hp.adam_beta2, adam_eps=hp.adam_eps,
-                    clip_grad=hp.grad_clip, bf16=config.bf16, params_dtype=config.params_dtype,
+                    optimizer="adam", lr=lr, min_lr=t.min_lr, weight_decay=t.weight_decay,
+                    adam_beta1=t.adam_beta1, adam_beta2=t.adam_beta2, adam_eps=t.adam_eps,
+                    clip_grad=t.grad_clip, bf16=config.bf16, params_dtype=config.params_dtype,
                     use_distributed_optimizer=on_gpu,
                 ),
                 [self.ddp_model],
@@ -157,11 +134,11 @@ class AgentTrainer:
             )
         if on_gpu:
             use_fused_torch_adam(self.optimizer)
-        decay_steps = max(hp.total_steps, hp.lr_warmup_steps + 1)
+        decay_steps = max(cfg.run.total_steps, t.lr_warmup_steps + 1)
         self.scheduler = OptimizerParamScheduler(
-            self.optimizer, init_lr=0.0 if hp.lr_warmup_steps else hp.lr, max_lr=hp.lr, min_lr=hp.min_lr,
-            lr_warmup_steps=hp.lr_warmup_steps, lr_decay_steps=decay_steps, lr_decay_style=hp.lr_schedule,
-            start_wd=hp.weight_decay, end_wd=hp.weight_decay, wd_incr_steps=decay_steps, wd_incr_style="constant",
+            self.optimizer, init_lr=0.0 if t.lr_warmup_steps else lr, max_lr=lr, min_lr=t.min_lr,
+            lr_warmup_steps=t.lr_warmup_steps, lr_decay_steps=decay_steps, lr_decay_style=t.lr_schedule,
+            start_wd=t.weight_decay, end_wd=t.weight_decay, wd_incr_steps=decay_steps, wd_incr_style="constant",
         )
         self.steps_done = 0
         # algorithm.cross_clip_fit_quantile (beyond the paper, docs/algorithm.md): the q-quantile of the other
@@ -172,8 +149,8 @@ class AgentTrainer:
         self._gemm_peak: Optional[float] = None
         # Shared-prompt and packed rows need the project's core attention and per-row RoPE positions: megatron's
         # local layers. With Transformer Engine's, every sequence gets a row of its own (models/logprobs.py).
-        self.share_prompts = hp.share_prompts and agent.takes_attention_mask
-        if hp.max_tokens_per_micro_batch is not None and not agent.takes_attention_mask:
+        self.share_prompts = t.share_prompts and agent.takes_attention_mask
+        if t.max_tokens_per_micro_batch is not None and not agent.takes_attention_mask:
             raise ValueError("train.max_tokens_per_micro_batch packs sequences into shared rows, which Transformer "
                              "Engine's layers here do not take; leave it null with them")
 
@@ -191,9 +168,9 @@ class AgentTrainer:
     def sequence_logprobs(self, sequences, *, max_sequences_per_micro_batch: Optional[int] = None) -> SequenceLogProbs:
         """Log-probs at the sampling temperature under the current weights (old log-probs, step 5)."""
         return compute_sequence_logprobs(
-            self.agent, sequences, temperature=self.hp.temperature,
-            max_sequences_per_micro_batch=max_sequences_per_micro_batch or self.hp.micro_batch_size,
-            max_tokens_per_micro_batch=self.hp.max_tokens_per_micro_batch, share_prompts=self.share_prompts,
+            self.agent, sequences, temperature=self.temperature,
+            max_sequences_per_micro_batch=max_sequences_per_micro_batch or self.train.micro_batch_size,
+            max_tokens_per_micro_batch=self.train.max_tokens_per_micro_batch, share_prompts=self.share_prompts,
         )
 
     # ------------------------------------------------------------------------------ training
@@ -208,7 +185,7 @@ class AgentTrainer:
         self.scheduler.step(increment=1)
         self.steps_done += 1
         if self._step_ratio_histogram is not None:  # the same counts on every rank of the agent (_reduce_metrics)
-            fitted = fitted_cross_clip_lower_bound(self._step_ratio_histogram, self.hp.cross_clip_fit_quantile)
+            fitted = fitted_cross_clip_lower_bound(self._step_ratio_histogram, self.algorithm.cross_clip_fit_quantile)
             self.cross_clip_fitted = fitted if fitted is not None else self.cross_clip_fitted
         # The updates' activations are freed now, but glibc keeps the pages of its small blocks for reuse; the
         # engines reload their weights next, on the same machine's memory: give them back (docs/real_model.md)
@@ -223,7 +200,7 @@ class AgentTrainer:
         global_tokens = sum(len(r.response_ids) for r in mini_batch)
         peak = self.gemm_peak  # measured before the update's clock starts
         start = time.perf_counter()
-        computed = rows_with_gradient(mini_batch, kl_coef=self.hp.kl_coef)  # zero-advantage rows: no gradient
+        computed = rows_with_gradient(mini_batch, kl_coef=self.algorithm.kl_coef)  # zero-advantage rows: no gradient
         shard = data_parallel_shard(computed, self.parallel.dp_rank, self.parallel.dp_size)
         chunks, packed = self._micro_batches(shard)
         lower = self._cross_clip_lower(update_index)
@@ -234,7 +211,7 @@ class AgentTrainer:
         self.ddp_model.zero_grad_buffer()
         self.optimizer.zero_grad()
         # A replica whose share is empty still joins the gradient all-reduce with zero gradients.
-        results = run_schedule(self.agent, packed, make_forward_step(self.agent, temperature=self.hp.temperature,
+        results = run_schedule(self.agent, packed, make_forward_step(self.agent, temperature=self.temperature,
                                                                      loss_fn=loss_fn), forward_only=False) \
             if packed else self._finalize_without_data()
         success, grad_norm, _ = self.optimizer.step()
@@ -260,9 +237,9 @@ class AgentTrainer:
         """This replica's rows as micro-batches: (rows of each, PackedBatch of each). By `micro_batch_size` rows,
         or with `max_tokens_per_micro_batch` packed end to end up to that many tokens; the loss is the same either
         way (each micro-batch adds its rows' share of the mini-batch's global mean)."""
-        budget = self.hp.max_tokens_per_micro_batch
+        budget = self.train.max_tokens_per_micro_batch
         if budget is None:
-            chunks = micro_batches(rows, self.hp.micro_batch_size)
+            chunks = micro_batches(rows, self.train.micro_batch_size)
         else:
             groups = token_budget_groups([(r.prompt_ids, r.response_ids) for r in rows], budget,
                                          share_prompts=self.share_prompts)
@@ -303,10 +280,10 @@ class AgentTrainer:
         loss, metrics = self.policy_loss(batch, self.loss_params)
         histogram = metrics.pop(RATIO_HISTOGRAM, None)  # HACPO's: counts of the other agents' ratios
         own = ~is_cross
-        if self.hp.kl_coef > 0 and bool(own.any()):
+        if self.algorithm.kl_coef > 0 and bool(own.any()):
             ref = _padded([r.ref_token_logp for r, is_own in zip(rows, own.tolist()) if is_own], width, device)
             kl = low_var_kl_penalty(logp[own], ref, mask[own], num_global_seqs=global_own_seqs)
-            loss = loss + self.hp.kl_coef * kl
+            loss = loss + self.algorithm.kl_coef * kl
             metrics["kl"] = float(kl.detach()) * global_own_seqs  # a sum over own rows; _reduce_metrics divides
         weighted = {k: torch.tensor(v * _weight(k, metrics, float(len(rows)))) for k, v in metrics.items()
                     if not math.isnan(v) and k != "cross_clip_lower_bound"}  # _update reports the bound
@@ -341,7 +318,7 @@ class AgentTrainer:
             out[key] = t[key] / t["num_own"] if t["num_own"] else math.nan
         for key in ("cross_ratio_mean",) + CROSS_FRACTIONS:
             out[key] = t[key] / t["num_cross"] if t["num_cross"] else math.nan
-        if self.hp.kl_coef > 0:
+        if self.algorithm.kl_coef > 0:
             out["kl"] = t["kl"] / t["num_own"] if t["num_own"] else math.nan
         if histogram is not None and t["num_cross"]:
             out[RATIO_HISTOGRAM] = histogram
@@ -349,7 +326,8 @@ class AgentTrainer:
 
     @property
     def _fits_cross_clip(self) -> bool:
-        return self.hp.cross_clip_fit_quantile is not None and self.spec.policy_loss == "hacpo" and self.spec.cross_clip
+        return (self.algorithm.cross_clip_fit_quantile is not None and self.spec.policy_loss == "hacpo"
+                and self.spec.cross_clip)
 
 
 # fractions of the other agents' rows: below / above the cross clip; with a positive advantage; and those that also

@@ -17,8 +17,9 @@ import torch
 from hacpo_megatron.algorithms.registry import algorithm_spec
 from hacpo_megatron.config.schema import AlgorithmConfig
 from hacpo_megatron.training.batch import SequenceRow
-from hacpo_megatron.training.trainer import AgentTrainer, TrainHyperparams
+from hacpo_megatron.training.trainer import AgentTrainer
 from tests.training.workers.one_rank import one_rank_world, qwen3_agent, random_sequences
+from tests.training.workers.trainer_config import trainer_config
 
 UPDATES = 3
 
@@ -39,7 +40,7 @@ def main(out_path: str) -> None:
         agent = qwen3_agent(parallel, weights, dtype)
         # Every update is on-policy (old log-probs taken just before it, same dtype): ratio 1, no clipping.
         trainer = AgentTrainer(agent, algorithm_spec(AlgorithmConfig(name="gspo")),
-                               TrainHyperparams(lr=1e-3, micro_batch_size=3, total_steps=UPDATES))
+                               trainer_config(lr=1e-3, micro_batch_size=3, total_steps=UPDATES))
         token_logp = trainer.sequence_logprobs(sequences).token_logprobs
         losses = []
         for _ in range(UPDATES):

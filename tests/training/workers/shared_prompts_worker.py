@@ -20,8 +20,9 @@ import torch
 from hacpo_megatron.algorithms.registry import algorithm_spec
 from hacpo_megatron.config.schema import AlgorithmConfig
 from hacpo_megatron.training.batch import SequenceRow
-from hacpo_megatron.training.trainer import AgentTrainer, TrainHyperparams
+from hacpo_megatron.training.trainer import AgentTrainer
 from tests.training.workers.one_rank import one_rank_world, qwen3_agent, random_sequences
+from tests.training.workers.trainer_config import trainer_config
 
 
 # (name, train.share_prompts, train.max_tokens_per_micro_batch, train.attention): one row per sequence, shared
@@ -41,8 +42,8 @@ def main(out_path: str) -> None:
     for name, share, budget, kernel in VARIANTS:
         agent = dataclasses.replace(qwen3_agent(parallel, weights), attention=kernel)
         trainer = AgentTrainer(agent, algorithm_spec(AlgorithmConfig(name="hacpo")),
-                               TrainHyperparams(lr=1e-2, micro_batch_size=5, total_steps=2, share_prompts=share,
-                                                max_tokens_per_micro_batch=budget))
+                               trainer_config(lr=1e-2, micro_batch_size=5, total_steps=2, share_prompts=share,
+                                              max_tokens_per_micro_batch=budget))
         lp = trainer.sequence_logprobs(sequences, max_sequences_per_micro_batch=7)
         rows = [SequenceRow(prompt_ids=p, response_ids=r, advantage=a, is_cross=i % 4 == 3, source=int(i % 4 == 3),
                             old_seq_logp=float(lp.sums[i] / lp.lengths[i]) + (0.05 if i % 4 == 3 else 0.0),

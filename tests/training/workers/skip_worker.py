@@ -17,8 +17,9 @@ from hacpo_megatron.algorithms.registry import algorithm_spec
 from hacpo_megatron.config.schema import AlgorithmConfig
 from hacpo_megatron.training import trainer as trainer_module
 from hacpo_megatron.training.batch import SequenceRow
-from hacpo_megatron.training.trainer import AgentTrainer, TrainHyperparams
+from hacpo_megatron.training.trainer import AgentTrainer
 from tests.training.workers.one_rank import one_rank_world, qwen3_agent, random_sequences
+from tests.training.workers.trainer_config import trainer_config
 
 
 def main(out_path: str) -> None:
@@ -29,7 +30,7 @@ def main(out_path: str) -> None:
     for name, skip in (("skipping", True), ("computing_all", False)):
         agent = qwen3_agent(parallel, weights)
         trainer = AgentTrainer(agent, algorithm_spec(AlgorithmConfig(name="hacpo")),
-                               TrainHyperparams(lr=1e-2, micro_batch_size=4, total_steps=2))
+                               trainer_config(lr=1e-2, micro_batch_size=4, total_steps=2))
         if not skip:
             trainer_module.rows_with_gradient = lambda rows, kl_coef: list(rows)
         lp = trainer.sequence_logprobs(sequences)  # cross rows' source log-probs 0.05 above: ratio e^-0.05, in the clip

@@ -33,7 +33,8 @@ from hacpo_megatron.models.presets import load_hf_config_dict
 from hacpo_megatron.parallel.groups import create_agent_groups, init_distributed
 from hacpo_megatron.rollout.embedded import hf_model_from_config
 from hacpo_megatron.training.batch import SequenceRow, UpdateSchedule, mini_batches
-from hacpo_megatron.training.trainer import AgentTrainer, TrainHyperparams
+from hacpo_megatron.training.trainer import AgentTrainer
+from tests.training.workers.trainer_config import trainer_config
 
 B, G = 4, 2
 
@@ -89,15 +90,15 @@ def part_layouts(hf_config, out):
     spec = resolve_algorithm("hacpo")
     adv = step_advantages(rewards, batch_capabilities(rewards), spec)
     # the fitted cross-clip bound on: its ratio counts must sum over micro-batches, replicas and stages alike
-    hp = TrainHyperparams(lr=1e-3, grad_clip=0.0, micro_batch_size=3, temperature=0.7, total_steps=3,
-                          clip_low=0.2, clip_high=0.2, cross_clip_fit_quantile=0.5)
+    run_cfg = trainer_config(lr=1e-3, grad_clip=0.0, micro_batch_size=3, temperature=0.7, total_steps=3,
+                             clip_low=0.2, clip_high=0.2, cross_clip_fit_quantile=0.5)
     report = {}
     for name, parallel in zip(layouts, groups):
         if not parallel.is_member:
             continue
         agent = build_agent_model(hf_config, parallel, params_dtype=torch.float32)
         load_hf_state_dict_into_model(agent.model, state, hf_config, parallel)
-        trainer = AgentTrainer(agent, spec, hp)
+        trainer = AgentTrainer(agent, spec, run_cfg)
         # the "other agent" is the same weights here: its old means are what matters for the loss
         # old log-probs fixed at step 0, so later steps see ratios away from 1 and clipping at work
         old = [seq_means(trainer, flat(own, prompts)), seq_means(trainer, flat(other, prompts))]
@@ -133,11 +134,10 @@ def part_agents(cfg, out):
     for k, (agent_cfg, parallel) in enumerate(zip(cfg.agents, groups)):
         if parallel.is_member:
             agent = build_agent_model(configs[k], parallel, seed=cfg.run.seed + k, params_dtype=torch.float32)
-            hp = TrainHyperparams(lr=agent_cfg.lr or cfg.train.lr, micro_batch_size=cfg.train.micro_batch_size,
-                                  total_steps=4,
-                                  alpha=cfg.algorithm.alpha, delta=cfg.algorithm.delta,
-                                  delta_step=cfg.algorithm.delta_step)
-            trainers[k] = AgentTrainer(agent, spec, hp)
+            run_cfg = trainer_config(lr=agent_cfg.lr or cfg.train.lr, micro_batch_size=cfg.train.micro_batch_size,
+                                     total_steps=4, alpha=cfg.algorithm.alpha, delta=cfg.algorithm.delta,
+                                     delta_step=cfg.algorithm.delta_step)
+            trainers[k] = AgentTrainer(agent, spec, run_cfg)
     # every rank hosts every agent here (all on ranks 0-1), so sources' old log-probs are local
     report = {}
     for k, trainer in trainers.items():
@@ -185,8 +185,8 @@ def part_kl(hf_config, out, kl_coef=0.5):
         for coef in (0.0, kl_coef):
             agent = build_agent_model(hf_config, parallel, params_dtype=torch.float32)
             load_hf_state_dict_into_model(agent.model, hf.state_dict(), hf_config, parallel)
-            trainers[coef] = AgentTrainer(agent, spec, TrainHyperparams(lr=1e-3, grad_clip=0.0, micro_batch_size=3,
-                                                                        total_steps=1, kl_coef=coef))
+            trainers[coef] = AgentTrainer(agent, spec, trainer_config(lr=1e-3, grad_clip=0.0, micro_batch_size=3,
+                                                                      total_steps=1, kl_coef=coef))
         sequences = flat(own, prompts) + flat(other, prompts)
         result = trainers[0.0].sequence_logprobs(sequences)
         token_logp = [result.token_logprobs[i, : int(result.lengths[i])].tolist() for i in range(len(sequences))]
