@@ -15,6 +15,7 @@ from typing import Callable, List, Optional
 
 from hacpo_megatron.config import Config, ConfigError, load_config
 from hacpo_megatron.launch import output_dir_of, parse_args
+from hacpo_megatron.orchestrator.faults import FaultPlan
 from hacpo_megatron.orchestrator.preemption import PREEMPTED_EXIT_CODE, Preempted
 from hacpo_megatron.training.loop import RunOptions, run_hacpo
 from hacpo_megatron.training.preflight import INPUT_ERROR_EXIT_CODE, InputError
@@ -28,15 +29,14 @@ def main(model_provider: Callable[[Config], ModelProvider], argv: Optional[List[
     says = int(os.environ.get("RANK", "0")) == 0  # rank 0 speaks for all: every rank reaches the same end
     try:
         cfg = load_config(args.config, args.overrides)
+        faults = FaultPlan(kill_engine_at_step=args.kill_engine_at_step, kill_reward_at_step=args.kill_reward_at_step,
+                           kill_engine_in_sync_at_step=args.kill_engine_in_sync_at_step,
+                           kill_engine_before_step=args.kill_engine_before_step,
+                           kill_engine_in_eval_at_step=args.kill_engine_in_eval_at_step,
+                           leak_mib_per_step=args.leak_mib_per_step)  # the tests' hidden flags; none in a user's run
         options = RunOptions(output_dir=output_dir_of(args, cfg), resume=args.resume, ray_address=args.ray_address,
-                             kill_engine_at_step=args.kill_engine_at_step,
-                             kill_reward_at_step=args.kill_reward_at_step,
-                             kill_engine_in_sync_at_step=args.kill_engine_in_sync_at_step,
-                             kill_engine_before_step=args.kill_engine_before_step,
-                             kill_engine_in_eval_at_step=args.kill_engine_in_eval_at_step,
-                             weight_check=args.check_weights,
-                             save_rollouts=args.save_rollouts, load_rollouts=args.load_rollouts,
-                             leak_mib_per_step=args.leak_mib_per_step)
+                             weight_check=args.check_weights, save_rollouts=args.save_rollouts,
+                             load_rollouts=args.load_rollouts, faults=faults)
         run_hacpo(cfg, options, model_provider(cfg))
     except (ConfigError, InputError) as exc:  # the user's input: said once, without a traceback
         if says:

@@ -48,3 +48,15 @@ def test_every_config_key_is_read_by_the_package():
     unread = sorted(f"{cls.__name__}.{f.name}" for cls in sections for f in dataclasses.fields(cls)
                     if f.name not in read)
     assert unread == [], f"config keys read nowhere in hacpo_megatron/ (outside config/): {unread}"
+
+
+def test_the_loops_agents_are_what_the_orchestrator_asks_of_them():
+    """The orchestrator names a Protocol instead of importing training/ (a layer above it); the loop's Agents must
+    keep satisfying it, attributes and methods alike."""
+    from hacpo_megatron.orchestrator.run_agents import RunAgents
+    from hacpo_megatron.training.agents import Agents
+
+    agents = Agents(configs=[], parallel=[], hf_configs=[], tokenizers=[])
+    assert isinstance(agents, RunAgents)
+    wanted = {name for name in dir(RunAgents) if not name.startswith("_")} | set(RunAgents.__annotations__)
+    assert wanted <= set(dir(agents)) | set(Agents.__dataclass_fields__), wanted - set(dir(agents))

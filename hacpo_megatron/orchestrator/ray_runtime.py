@@ -180,6 +180,23 @@ class RayRuntime:
             self._restore_env()
 
 
+def leave_ray(runtime: Optional[RayRuntime], reward_actor, *, orderly: bool) -> None:
+    """Every rank's last step with Ray. An orderly end (the last step, or a preemption at a step boundary): rank 0
+    closes the reward actor's worker pool, the other ranks leave first, then rank 0 stops the local Ray. After an
+    error no collective may run (the other ranks may be anywhere): each rank leaves Ray and lets the exception end
+    its process, so that torchrun stops the others."""
+    rank = dist.get_rank()
+    if orderly:
+        if rank == 0 and reward_actor is not None:
+            ray.get(reward_actor.close.remote())
+        dist.barrier()
+        if rank != 0 and runtime is not None:
+            runtime.shutdown()
+        dist.barrier()
+    if (rank == 0 or not orderly) and runtime is not None:
+        runtime.shutdown()
+
+
 def _shutdown_without_graceful_waits() -> None:
     """`ray.shutdown()` of the local Ray this process started, with SIGKILL for its processes at once.
 

@@ -30,6 +30,7 @@ import torch.distributed as dist
 from hacpo_megatron.bridge import render_prompts
 from hacpo_megatron.orchestrator.actors import call_with_restarts
 from hacpo_megatron.orchestrator.pipeline import GenerationSchedule, PhaseClock
+from hacpo_megatron.orchestrator.run_agents import RunAgents
 from hacpo_megatron.orchestrator.weight_delivery import ENGINE_RETRIES, push_all_weights, restore_restarted_engines
 from hacpo_megatron.rewards import RewardItem
 from hacpo_megatron.rollout.base import EngineWithoutWeights, SamplingParams
@@ -55,7 +56,8 @@ class StepRollouts:
 
 
 class RolloutPipeline:
-    def __init__(self, cfg: Any, agents: Any, sampler: Any, reward_actor: Any, G: int, options: Any, start_step: int):
+    def __init__(self, cfg: Any, agents: RunAgents, sampler: Any, reward_actor: Any, G: int, options: Any,
+                 start_step: int):
         self.cfg, self.agents, self.reward_actor, self.G, self.options = cfg, agents, reward_actor, G, options
         self.sampler = sampler
         self.schedule = GenerationSchedule(max_staleness=cfg.rollout.max_staleness, total_steps=cfg.run.total_steps,
@@ -90,8 +92,7 @@ class RolloutPipeline:
         """Rank 0: every agent's generation of `step` queued on its engine (Ray futures); elsewhere nothing."""
         if dist.get_rank() != 0:
             return {}
-        if self.options.kill_engine_at_step == step:
-            kill_actor(self.agents.engines[0])
+        self.options.faults.at_generation(step, self.agents)
         params = sampling(self.cfg, self.G, step)
         return {k: self.agents.engines[k].generate_timed.remote(render_prompts(tok, prompts), params(k))
                 for k, tok in enumerate(self.agents.tokenizers)}
@@ -114,8 +115,7 @@ class RolloutPipeline:
             times["time/rollout"] = time.perf_counter() - t  # the learners' wait: all of the generation when k = 0
             results = self._answers(results, metrics)
             payload = [([results.get(k) for k in range(len(agents.configs))], failed)]
-            if self.options.kill_engine_in_sync_at_step == step:
-                ray.get(agents.engines[0].crash_in_next_bucket.remote())
+            self.options.faults.before_weight_push(step, agents)
         dist.broadcast_object_list(payload, src=0)
         rollouts, failed = payload[0]
         for _attempt in range(ENGINE_RETRIES):
@@ -144,8 +144,7 @@ class RolloutPipeline:
     def _score(self, step: int, prompts: list, rollouts: list, times: Dict[str, float]):
         payload: List[Any] = [None]
         if dist.get_rank() == 0:
-            if self.options.kill_reward_at_step == step:
-                ray.get(self.reward_actor.crash_in_next_call.remote())  # dies inside the scoring call below
+            self.options.faults.before_scoring(step, self.reward_actor)  # a test's: dies inside the scoring call below
             t = time.perf_counter()
             payload = [call_with_restarts(self.reward_actor, "score", reward_items(prompts, rollouts))]
             times["time/reward"] = time.perf_counter() - t
@@ -153,7 +152,7 @@ class RolloutPipeline:
         return payload[0]
 
 
-def held_out_scores(cfg: Any, agents: Any, eval_set: list, reward_actor: Any, options: Any,
+def held_out_scores(cfg: Any, agents: RunAgents, eval_set: list, reward_actor: Any, options: Any,
                     done: int) -> Dict[str, List[float]]:
     """Every agent's score on each held-out problem (on rank 0; {} elsewhere): the mean score of its answers to
     it (greedy, or k samples with a seed that is the same at every evaluation, so successive evaluations differ by
@@ -173,8 +172,7 @@ def held_out_scores(cfg: Any, agents: Any, eval_set: list, reward_actor: Any, op
         if rank == 0:
             handles = {k: agents.engines[k].generate.remote(render_prompts(agents.tokenizers[k], eval_set), params)
                        for k in pending}
-            if options.kill_engine_in_eval_at_step == done and attempt == 0:
-                kill_actor(agents.engines[0])
+            options.faults.in_evaluation(done, attempt, agents)
             results, failed[0] = wait_for_generations(handles)
             answers.update(results)
         dist.broadcast_object_list(failed, src=0)
@@ -214,9 +212,3 @@ def sampling(cfg: Any, G: int, step: int) -> Callable[[int], SamplingParams]:
                               max_new_tokens=cfg.rollout.max_response_length,
                               seed=(cfg.run.seed * 1_000_003 + step * 1_009 + k) % (2**31))
     return for_agent
-
-
-def kill_actor(handle: Any) -> None:
-    """Fault injection for tests: end the actor's process as a crash would (Ray restarts it)."""
-    ray.kill(handle, no_restart=False)
-    time.sleep(1.0)

@@ -14,18 +14,19 @@ ENGINE_RETRIES times. `agents` is the training loop's `Agents` (training/loop.py
 """
 from __future__ import annotations
 
-from typing import Any, Dict, Iterable, List, Optional, Sequence
+from typing import Dict, Iterable, List, Optional, Sequence
 
 import torch.distributed as dist
 
 from hacpo_megatron.orchestrator.actors import call_with_restarts, wait_until_alive
+from hacpo_megatron.orchestrator.run_agents import RunAgents
 from hacpo_megatron.rollout.weight_sync import sync_weights
 
 ENGINE_RETRIES = 3  # a step's rollout or push is redone at most this often before the run gives up
 LOSSES = "weight_sync/engine_losses"
 
 
-def push_weights(agents: Any, k: int, check: bool) -> Dict[str, float]:
+def push_weights(agents: RunAgents, k: int, check: bool) -> Dict[str, float]:
     """Agent k's weights to its engine (every rank of k calls it); `check`: verify them after. Nothing to
     do where no engine runs (run.mode train_only)."""
     if not agents.engines_running:
@@ -37,7 +38,7 @@ def push_weights(agents: Any, k: int, check: bool) -> Dict[str, float]:
     return metrics.as_dict()
 
 
-def push_all_weights(agents: Any, check: bool, only: Optional[Sequence[int]] = None) -> None:
+def push_all_weights(agents: RunAgents, check: bool, only: Optional[Sequence[int]] = None) -> None:
     """Every hosted agent's weights to its engine; `only`: engines that were just restarted. Collective."""
     if not agents.engines_running:
         return
@@ -50,7 +51,7 @@ def push_all_weights(agents: Any, check: bool, only: Optional[Sequence[int]] = N
     resend_to_lost_engines(agents, check, pushed)
 
 
-def resend_to_lost_engines(agents: Any, check: bool, pushed: Dict[int, Dict[str, float]]) -> None:
+def resend_to_lost_engines(agents: RunAgents, check: bool, pushed: Dict[int, Dict[str, float]]) -> None:
     """Push again to every engine that died during its push in `pushed` ({agent: its metrics}, this
     rank's agents), until each has its weights. Collective. `pushed[k]` ends with the delivering
     push's figures and the count of the engine's losses on the way."""
@@ -79,7 +80,7 @@ def resend_to_lost_engines(agents: Any, check: bool, pushed: Dict[int, Dict[str,
                        "weight pushes")
 
 
-def restore_restarted_engines(agents: Any, check: bool) -> None:
+def restore_restarted_engines(agents: RunAgents, check: bool) -> None:
     """Push again to every engine that holds no weights: Ray restarted it after its last push (its
     memory monitor ends engines when the node runs short), and its calls now reach a new process.
     Collective: rank 0 asks every engine actor, then the agents' ranks push together."""
@@ -104,7 +105,7 @@ def _union_over_ranks(mine: Iterable[int]) -> List[int]:
     return sorted({k for part in gathered for k in part})
 
 
-def _reconnect(agents: Any, k: int) -> None:
+def _reconnect(agents: RunAgents, k: int) -> None:
     """On k's engine rank: wait for k's restarted engine actor (its sender then sees the new process
     and makes its weight group anew)."""
     if k in agents.senders:

@@ -22,42 +22,42 @@ from __future__ import annotations
 import os
 import random
 import time
-from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from dataclasses import dataclass
+from typing import Dict, List, Optional
 
 import numpy as np
-import ray
 import torch
 import torch.distributed as dist
 
 from hacpo_megatron.algorithms import CapabilityTracker, step_advantages
 from hacpo_megatron.algorithms.registry import algorithm_spec
-from hacpo_megatron.bridge import load_tokenizer, render_prompts
+from hacpo_megatron.bridge import render_prompts
 from hacpo_megatron.config import Config, config_to_dict, dump_config
-from hacpo_megatron.data import PromptSampler, load_prompts
-from hacpo_megatron.models.build import AgentModel
-from hacpo_megatron.models.presets import load_hf_config_dict
+from hacpo_megatron.data import PromptSampler
 from hacpo_megatron.orchestrator.preemption import Preempted, PreemptionGuard
-from hacpo_megatron.orchestrator.ray_runtime import RayRuntime, object_store_stats
-from hacpo_megatron.orchestrator.rollouts import RolloutPipeline, held_out_scores, kill_actor
+from hacpo_megatron.orchestrator.ray_runtime import RayRuntime, leave_ray, object_store_stats
+from hacpo_megatron.orchestrator.faults import NO_FAULTS, FaultPlan
+from hacpo_megatron.orchestrator.rollouts import RolloutPipeline, held_out_scores
 from hacpo_megatron.orchestrator.startup import start_actors
 from hacpo_megatron.orchestrator.weight_delivery import (
     push_all_weights, push_weights, resend_to_lost_engines, restore_restarted_engines,
 )
-from hacpo_megatron.parallel.groups import AgentParallel, create_agent_groups, init_distributed
+from hacpo_megatron.parallel.groups import AgentParallel, init_distributed
 from hacpo_megatron.parallel.layout import required_world_size
-from hacpo_megatron.reporting.records import REQUIRED_KEYS
+from hacpo_megatron.reporting.step_records import mean_over_updates, step_records
 from hacpo_megatron.rollout.replay import load_step, save_step
 from hacpo_megatron.rollout.weight_sync import engine_rank
 from hacpo_megatron.training import checkpointing
 from hacpo_megatron.training.batch import UpdateSchedule, mini_batches
 from hacpo_megatron.training.preflight import check_device, check_inputs
 from hacpo_megatron.training.provider import ModelProvider
+from hacpo_megatron.training.agents import Agents, build_agents, tokenizer_name
+from hacpo_megatron.training.logprob_passes import agent_logprobs, behaviour_logprobs
 from hacpo_megatron.training.step_data import (
-    OldLogProbs, check_engine_logprobs, drop_overlong_prompts, engine_old_logprobs, learner_rows, own_sequences,
-    rewards_tensor, rollout_stats, with_learner_old_logprobs,
+    load_prompt_sets, engine_old_logprobs, learner_rows, own_sequences, rewards_tensor, rollout_stats,
+    with_learner_old_logprobs,
 )
-from hacpo_megatron.training.trainer import AgentTrainer, time_gemm_peaks_in_turn
+from hacpo_megatron.training.trainer import time_gemm_peaks_in_turn
 
 
 @dataclass
@@ -65,45 +65,10 @@ class RunOptions:
     output_dir: str
     resume: bool = False
     ray_address: Optional[str] = None
-    kill_engine_at_step: Optional[int] = None  # fault injection for tests: kill agent 0's engine once
-    kill_reward_at_step: Optional[int] = None  # ... or the reward actor, once
-    kill_engine_in_sync_at_step: Optional[int] = None  # ... or agent 0's engine amid that step's weight push
-    kill_engine_before_step: Optional[int] = None  # ... or before the step begins, unseen (as Ray's memory monitor)
-    kill_engine_in_eval_at_step: Optional[int] = None  # ... or while it answers the held-out problems after that step
     weight_check: bool = False  # verify engine weights after every sync
-    leak_mib_per_step: int = 0  # tests of tools/soak.py: rank 0 keeps every step's rollouts and this much more alive
     save_rollouts: Optional[str] = None  # write every step's answers and rewards here (rollout/replay.py)
     load_rollouts: Optional[str] = None  # run.mode train_only: read them from here instead of any engine
-
-
-@dataclass
-class Agents:
-    """This rank's view of the agents: configs and tokenizers of all, models and trainers of its own."""
-
-    configs: list
-    parallel: List[AgentParallel]
-    hf_configs: List[Dict[str, Any]]
-    tokenizers: list
-    trainers: Dict[int, AgentTrainer] = field(default_factory=dict)
-    models: Dict[int, AgentModel] = field(default_factory=dict)  # run.mode rollout_only: weights, no learner
-    references: Dict[int, AgentModel] = field(default_factory=dict)
-    engines: Dict[int, Any] = field(default_factory=dict)  # EngineActor handles (rank 0 and engine ranks)
-    senders: Dict[int, Any] = field(default_factory=dict)  # weight transport to k's engine (k's engine rank)
-    engine_logprobs_checked: bool = False  # rollout.old_logprobs=engine: the trainer's pass has vouched for them
-    engines_running: bool = True  # False in run.mode train_only: no engine, no weight push (weight_delivery.py)
-
-    @property
-    def names(self) -> List[str]:
-        return [a.name for a in self.configs]
-
-    @property
-    def hosted(self) -> List[int]:
-        """The agents this rank holds a part of (as a learner, or as weights only in rollout_only)."""
-        return sorted({*self.trainers, *self.models})
-
-    def policy(self, k: int):
-        """Agent k's GPTModel on this rank: the weights its engine is given."""
-        return self.trainers[k].ddp_model.module if k in self.trainers else self.models[k].model
+    faults: FaultPlan = NO_FAULTS  # a test's: engines killed at chosen moments (orchestrator/faults.py)
 
 
 def run_hacpo(cfg: Config, options: RunOptions, model_provider: ModelProvider) -> None:
@@ -126,19 +91,7 @@ def run_hacpo(cfg: Config, options: RunOptions, model_provider: ModelProvider) -
         dump_config(cfg, os.path.join(options.output_dir, "config.yaml"))
     _seed_everything(cfg.run.seed)
 
-    agents = Agents(configs=list(cfg.agents), parallel=create_agent_groups(cfg.agents),
-                    hf_configs=[load_hf_config_dict(a.model) for a in cfg.agents],
-                    tokenizers=[load_tokenizer(_tokenizer_name(a), a.prompt_format) for a in cfg.agents])
-    for k, (agent_cfg, parallel) in enumerate(zip(cfg.agents, agents.parallel)):
-        if parallel.is_member:
-            model = model_provider(agent_cfg, parallel, agents.hf_configs[k], cfg.run.seed + k)
-            if cfg.run.mode == "rollout_only":
-                agents.models[k] = model  # its engine's weights; no learner (no optimizer, no update)
-                continue
-            agents.trainers[k] = AgentTrainer(model, spec, cfg, lr=agent_cfg.lr)
-            if cfg.algorithm.kl_coef > 0:
-                agents.references[k] = model_provider(agent_cfg, parallel, agents.hf_configs[k], cfg.run.seed + k)
-
+    agents = build_agents(cfg, spec, model_provider)
     checkpointing.save_tokenizers(options.output_dir, agents)
     if rank == 0 and cfg.run.mode == "rollout_only":
         print("run.mode rollout_only: no learner; the engines answer with the initial weights throughout", flush=True)
@@ -147,8 +100,8 @@ def run_hacpo(cfg: Config, options: RunOptions, model_provider: ModelProvider) -
     if agents.engines_running:
         runtime = RayRuntime.connect(options.ray_address)
         agents.engines, agents.senders, reward_actor = start_actors(
-            cfg, agents.parallel, agents.hf_configs, [_tokenizer_name(a) for a in cfg.agents], rank, options.output_dir)
-    train_set, eval_set = _load_data(cfg, agents, options)
+            cfg, agents.parallel, agents.hf_configs, [tokenizer_name(a) for a in cfg.agents], rank, options.output_dir)
+    train_set, eval_set = load_prompt_sets(cfg, agents.tokenizers, options.output_dir)
     if not agents.engines_running and eval_set:
         eval_set = []  # no engine to answer the held-out problems
         if rank == 0:
@@ -198,17 +151,7 @@ def run_hacpo(cfg: Config, options: RunOptions, model_provider: ModelProvider) -
         preemption.uninstall()
         if reporter is not None:
             reporter.close(failed=not finished)
-        if finished:  # an orderly end: the others leave Ray first, then rank 0 stops it
-            if rank == 0 and reward_actor is not None:
-                ray.get(reward_actor.close.remote())
-            dist.barrier()
-            if rank != 0 and runtime is not None:
-                runtime.shutdown()
-            dist.barrier()
-        # After an error no collective may run (the other ranks may be anywhere): leave Ray and
-        # let the exception end this process, so that torchrun stops the others.
-        if (rank == 0 or not finished) and runtime is not None:
-            runtime.shutdown()
+        leave_ray(runtime, reward_actor, orderly=finished)
 
 
 # ---------------------------------------------------------------------------------------- one step
@@ -216,8 +159,7 @@ def _hacpo_step(step, cfg, spec, agents: Agents, sampler, pipeline, tracker, opt
     rank, n = dist.get_rank(), len(agents.configs)
     times: Dict[str, float] = {}
     t_step = time.perf_counter()
-    if rank == 0 and options.kill_engine_before_step == step:
-        kill_actor(agents.engines[0])
+    options.faults.before_step(step, agents)
     restore_restarted_engines(agents, options.weight_check)  # an engine Ray restarted since its last push
 
     # 1-3. prompts, rollouts and rewards (run.mode train_only: as saved by an earlier run)
@@ -236,8 +178,7 @@ def _hacpo_step(step, cfg, spec, agents: Agents, sampler, pipeline, tracker, opt
     B = len(prompts)
     if options.save_rollouts and rank == 0:
         save_step(options.save_rollouts, step + 1, agents.names, prompts, rollouts, scores, reward_stats)
-    if options.leak_mib_per_step and rank == 0:
-        _LEAKED.append((rollouts, np.ones(options.leak_mib_per_step << 20, dtype=np.uint8)))  # every page touched
+    options.faults.after_rollouts(rollouts)
     rewards = rewards_tensor(scores, n, B, G)
 
     # 4. capabilities and advantages
@@ -260,19 +201,11 @@ def _hacpo_step(step, cfg, spec, agents: Agents, sampler, pipeline, tracker, opt
     for part in reported:
         for k, m in part.items():
             per_agent[k].update(m)
-    records = []
-    untrained = {key: float("nan") for key in REQUIRED_KEYS} if cfg.run.mode == "rollout_only" else {}
     store = object_store_stats() if agents.engines_running else {}  # at the step's end: back to its baseline?
-    for k in range(n):
-        record = {**untrained, "step": step + 1, "agent": agents.names[k], "reward_mean": float(rewards[k].mean()),
-                  **gaps.get(k, {}), **pipeline_metrics.get(k, {}),
-                  "capability": float(capabilities[k]), **per_agent[k], **rollout_stats(rollouts[k]),
-                  **{f"omega_from/{agents.names[j]}": float(advantages.omega[j, k]) for j in range(n) if j != k},
-                  **{f"reward/{key}": float(v) for key, v in reward_stats.items() if isinstance(v, (int, float))},
-                  **store, **{key: v for key, v in times.items()}}
-        record["time/step"] = time.perf_counter() - t_step
-        records.append(record)
-    return records
+    return step_records(step + 1, agents.names, rewards, capabilities, advantages.omega, reward_stats,
+                        before_capability=[{**gaps.get(k, {}), **pipeline_metrics.get(k, {})} for k in range(n)],
+                        after_capability=[{**per_agent[k], **rollout_stats(rollouts[k])} for k in range(n)],
+                        shared={**store, **times}, started=t_step, untrained=cfg.run.mode == "rollout_only")
 
 
 def _train_learners(cfg, spec, agents: Agents, prompts, prompt_ids, rollouts, advantages, options, B, G, times):
@@ -280,10 +213,10 @@ def _train_learners(cfg, spec, agents: Agents, prompts, prompt_ids, rollouts, ad
     # 5. old log-probs of own responses, shared with every rank: the trainer's pass, or the engine's own
     #    (rollout.old_logprobs: engine) once that pass has found them close enough on the run's first step
     t = time.perf_counter()
-    old, gaps = _behaviour_logprobs(cfg, spec, agents, prompt_ids, rollouts)
+    old, gaps = behaviour_logprobs(cfg, spec, agents, prompt_ids, rollouts)
     # answers from older weights (rollout.max_staleness >= 1): the engines' log-probs are the behaviour policy
     behaviour = [engine_old_logprobs(r) for r in rollouts] if cfg.rollout.max_staleness else None
-    reference = {k: _agent_logprobs(agents.trainers[k], agents.references[k], own_sequences(prompt_ids[k], rollouts[k]))
+    reference = {k: agent_logprobs(agents.trainers[k], agents.references[k], own_sequences(prompt_ids[k], rollouts[k]))
                  for k in agents.references}
     times["time/logprob"] = time.perf_counter() - t
 
@@ -297,7 +230,7 @@ def _train_learners(cfg, spec, agents: Agents, prompts, prompt_ids, rollouts, ad
                                           ref_token_logp=reference.get(k), behaviour=behaviour)
         if spec.cross_old_logprob == "learner":  # Naive: other agents' rows are rated like own ones
             cross = [(r.prompt_ids, r.response_ids) for r in rows if r.is_cross]
-            rows = with_learner_old_logprobs(rows, _agent_logprobs(trainer, None, cross))
+            rows = with_learner_old_logprobs(rows, agent_logprobs(trainer, None, cross))
         t_bridge = time.perf_counter() - t
         t = time.perf_counter()
         schedule = UpdateSchedule(B, G, sources=tuple(int(j) for j in advantages.trains_on[k].nonzero()),
@@ -306,7 +239,7 @@ def _train_learners(cfg, spec, agents: Agents, prompts, prompt_ids, rollouts, ad
         t_train = time.perf_counter() - t
         t = time.perf_counter()
         sync = push_weights(agents, k, options.weight_check)
-        local[k] = {**_mean_over_updates(updates), **bridge_stats, **sync,
+        local[k] = {**mean_over_updates(updates), **bridge_stats, **sync,
                     "time/bridge": t_bridge, "time/train": t_train, "time/weight_sync": time.perf_counter() - t}
     resend_to_lost_engines(agents, options.weight_check, local)  # an engine that died amid its push: sent again
     return gaps, local
@@ -321,104 +254,7 @@ def _reportable(metrics: Dict[str, float], parallel: AgentParallel) -> Dict[str,
     return {key: v for key, v in metrics.items() if reports(key)}
 
 
-def _engine_trainer_logprob_gap(completions, old: OldLogProbs) -> Dict[str, float]:
-    """|engine log-prob - trainer log-prob| of the sampled tokens, largest and mean: ~0 when the engine
-    samples from the trainer's weights at the trainer's temperature (a broken weight sync shows here)."""
-    flat = [c for group in completions for c in group]
-    gaps = [abs(a - b) for c, tokens in zip(flat, old.tokens) for a, b in zip(c.logprobs, tokens)]
-    return {"rollout/logprob_diff_max": max(gaps), "rollout/logprob_diff_mean": float(np.mean(gaps))}
-
-
-# Per-update values whose mean over a step says nothing: the step's record shows the last update's, or the largest.
-LAST_UPDATE_KEYS = ("cross_clip_lower_bound", "update_index")
-LARGEST_OVER_UPDATES_KEYS = ("micro_batch_tokens_max",)
-
-
-def _mean_over_updates(updates: List[Dict[str, float]]) -> Dict[str, float]:
-    keys = dict.fromkeys(key for u in updates for key in u)
-    values = {key: [u.get(key, float("nan")) for u in updates] for key in keys}
-    out = {key: float(np.nanmean(v)) if any(np.isfinite(v)) else float("nan") for key, v in values.items()}
-    out.update({key: float(updates[-1].get(key, float("nan"))) for key in LAST_UPDATE_KEYS if key in keys})
-    out.update({key: float(np.nanmax(values[key])) for key in LARGEST_OVER_UPDATES_KEYS
-                if key in keys and any(np.isfinite(values[key]))})
-    out["num_updates"] = float(len(updates))
-    return out
-
-
-# ---------------------------------------------------------------------------------------- phases
-def _behaviour_logprobs(cfg: Config, spec, agents: Agents, prompt_ids, rollouts):
-    """Every agent's old log-probs, and {k: engine/trainer gap} on the steps that ran the trainer's pass."""
-    if cfg.rollout.old_logprobs == "engine" and agents.engine_logprobs_checked:
-        return [engine_old_logprobs(r) for r in rollouts], {}
-    old = _old_logprobs(agents, prompt_ids, rollouts)
-    gaps = {k: _engine_trainer_logprob_gap(rollouts[k], old[k]) for k in range(len(old))}
-    if cfg.rollout.old_logprobs == "engine":
-        clip = cfg.algorithm.grpo_clip_low if spec.policy_loss == "grpo" else cfg.algorithm.clip_low
-        check_engine_logprobs({agents.names[k]: gap for k, gap in gaps.items()}, clip=clip)
-        agents.engine_logprobs_checked = True
-    return old, gaps
-
-
-def _old_logprobs(agents: Agents, prompt_ids, rollouts) -> List[OldLogProbs]:
-    local = {}
-    for k, trainer in agents.trainers.items():
-        result = _agent_logprobs(trainer, None, own_sequences(prompt_ids[k], rollouts[k]))
-        if agents.parallel[k].agent_rank == 0:
-            local[k] = result
-    gathered = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, local)
-    merged = {k: v for part in gathered for k, v in part.items()}
-    return [OldLogProbs(sums=[sum(t) for t in merged[k]], lengths=[len(t) for t in merged[k]], tokens=merged[k])
-            for k in range(len(agents.configs))]
-
-
-def _agent_logprobs(trainer: AgentTrainer, model: Optional[AgentModel], sequences) -> List[List[float]]:
-    """Per-token log-probs of `sequences`, each data-parallel replica a share, gathered over DP."""
-    parallel = trainer.parallel
-    mine = sequences[parallel.dp_rank::parallel.dp_size]
-    if model is None:
-        result = trainer.sequence_logprobs(mine)
-    else:  # a frozen reference model of the same layout
-        from hacpo_megatron.models.logprobs import compute_sequence_logprobs
-
-        result = compute_sequence_logprobs(model, mine, temperature=trainer.temperature,
-                                           max_sequences_per_micro_batch=trainer.train.micro_batch_size,
-                                           max_tokens_per_micro_batch=trainer.train.max_tokens_per_micro_batch,
-                                           share_prompts=trainer.share_prompts)
-    tokens = [result.token_logprobs[i, : int(result.lengths[i])].tolist() for i in range(len(mine))]
-    if parallel.dp_size == 1:
-        return tokens
-    shares = [None] * parallel.dp_size
-    dist.all_gather_object(shares, tokens, group=parallel.dp_group)
-    out = [None] * len(sequences)
-    for r, share in enumerate(shares):
-        out[r::parallel.dp_size] = share
-    return out
-
-
 # ---------------------------------------------------------------------------------------- set-up
-def _load_data(cfg: Config, agents: Agents, options: RunOptions):
-    """Training and held-out prompts; those longer than rollout.max_prompt_length for any agent are left
-    out and counted (the log, run_info.json and the summary say how many)."""
-    splits = {"train": load_prompts(cfg.data.train, "train"),
-              "eval": load_prompts(cfg.data.eval, "eval")[: cfg.data.eval_max_prompts] if cfg.data.eval else []}
-    skipped = {}
-    for split, prompts in splits.items():
-        splits[split], skipped[split] = drop_overlong_prompts(prompts, agents.tokenizers, cfg.rollout.max_prompt_length)
-        if prompts and not splits[split]:
-            raise SystemExit(f"all {len(prompts)} {split} prompts of {getattr(cfg.data, split)} are longer than "
-                             f"rollout.max_prompt_length={cfg.rollout.max_prompt_length} tokens")
-    if dist.get_rank() == 0:
-        if any(skipped.values()):
-            print(f"skipped prompts longer than rollout.max_prompt_length={cfg.rollout.max_prompt_length} tokens: "
-                  f"{skipped['train']} of {cfg.data.train}, {skipped['eval']} of {cfg.data.eval}", flush=True)
-        from hacpo_megatron.reporting import update_run_info
-
-        update_run_info(options.output_dir, {"prompts": {
-            split: {"used": len(splits[split]), "skipped_overlong": skipped[split]} for split in splits}})
-    return splits["train"], splits["eval"]
-
-
 def _checkpoint_due(cfg: Config, done: int) -> bool:
     every = cfg.checkpoint.save_every
     if every < 0:
@@ -426,7 +262,6 @@ def _checkpoint_due(cfg: Config, done: int) -> bool:
     return bool(every and done % every == 0) or done == cfg.run.total_steps
 
 
-_LEAKED: List[Any] = []  # RunOptions.leak_mib_per_step: a leak the soak tool's test must find
 
 
 def _reporter(cfg: Config, agents: Agents, options: RunOptions, start_step: int):
@@ -441,11 +276,6 @@ def _reporter(cfg: Config, agents: Agents, options: RunOptions, start_step: int)
                        plots=log.plots, progress_bar=log.progress_bar, start_step=keep_before, project=log.project,
                        run_name=cfg.run.name, params=flat_params(config_to_dict(cfg)),
                        mlflow_tracking_uri=log.mlflow_tracking_uri)
-
-
-def _tokenizer_name(agent_cfg) -> str:
-    """A built-in tokenizer name or a folder: `tokenizer`, else the weights' or the model's folder."""
-    return agent_cfg.tokenizer or agent_cfg.init_from or agent_cfg.model
 
 
 def _reward_range(cfg: Config):

@@ -5,7 +5,8 @@
     OldLogProbs[j]      the source trainer's log-probs of its own completions (sum, length, per token)
     learner_rows(k)     learner k's SequenceRows: own completions + bridged ones of the other agents
 
-No processes here: the loop (training/loop.py) moves these objects between ranks.
+And the run's prompt sets, overlong prompts left out (`load_prompt_sets`). No collectives here: the loop
+(training/loop.py) moves these objects between ranks.
 """
 from __future__ import annotations
 
@@ -14,9 +15,11 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
+import torch.distributed as dist
 
 from hacpo_megatron.algorithms.staleness import DEFAULT_BEHAVIOUR_WEIGHT_CAP, behaviour_weights
 from hacpo_megatron.bridge import bridge_responses, render_prompt
+from hacpo_megatron.data import load_prompts
 from hacpo_megatron.data.records import PromptRecord
 from hacpo_megatron.rollout.base import Completion
 from hacpo_megatron.training.batch import SequenceRow
@@ -160,3 +163,25 @@ def drop_overlong_prompts(prompts: Sequence[PromptRecord], tokenizers: Sequence,
     many were left out (as verl's `filter_overlong_prompts` does: a prompt is never cut short)."""
     kept = [p for p in prompts if all(len(render_prompt(tok, p.messages)) <= max_length for tok in tokenizers)]
     return kept, len(prompts) - len(kept)
+
+
+def load_prompt_sets(cfg, tokenizers: Sequence, output_dir: str) -> Tuple[List[PromptRecord], List[PromptRecord]]:
+    """Training and held-out prompts; those longer than rollout.max_prompt_length for any agent are left
+    out and counted (the log, run_info.json and the summary say how many)."""
+    splits = {"train": load_prompts(cfg.data.train, "train"),
+              "eval": load_prompts(cfg.data.eval, "eval")[: cfg.data.eval_max_prompts] if cfg.data.eval else []}
+    skipped = {}
+    for split, prompts in splits.items():
+        splits[split], skipped[split] = drop_overlong_prompts(prompts, tokenizers, cfg.rollout.max_prompt_length)
+        if prompts and not splits[split]:
+            raise SystemExit(f"all {len(prompts)} {split} prompts of {getattr(cfg.data, split)} are longer than "
+                             f"rollout.max_prompt_length={cfg.rollout.max_prompt_length} tokens")
+    if dist.get_rank() == 0:
+        if any(skipped.values()):
+            print(f"skipped prompts longer than rollout.max_prompt_length={cfg.rollout.max_prompt_length} tokens: "
+                  f"{skipped['train']} of {cfg.data.train}, {skipped['eval']} of {cfg.data.eval}", flush=True)
+        from hacpo_megatron.reporting import update_run_info
+
+        update_run_info(output_dir, {"prompts": {
+            split: {"used": len(splits[split]), "skipped_overlong": skipped[split]} for split in splits}})
+    return splits["train"], splits["eval"]
