@@ -8,7 +8,7 @@ The engine is built as a run's engine actor builds it (rollout/vllm_engine.py): 
 "dummy" weights, the agent's tokenizer, fp32, a 1 GiB KV cache (`--kv-cache-gib`); in this process, or with
 --via-actor as a run has it (an EngineActor in a private local Ray, weights over the process group).
 Then, --reloads times: push the model's weights (its converted HF folder in .cache/models; the tied head
-not sent, as a trainer sends it) in 256 MiB buckets as `push_weights` does, each push a little different (as
+not sent, as a trainer sends it) in 256 MiB buckets as `send_weights_in_buckets` does, each push a little different (as
 after an update), then one short generation (8 samples of one prompt, 48 tokens), then read the RSS of
 vLLM's processes (summed). During each push their summed RSS is sampled every 20 ms, apart for its two halves:
 the staging (every bucket received and kept) and the reload (`finish_weight_update`): the peaks, which Ray's
@@ -52,7 +52,8 @@ def vllm_rss(parent) -> Dict[str, int]:
 
 
 def stage(target, named, bucket_bytes: int) -> None:
-    """The first half of `push_weights`: begin, then every bucket (received and staged by vLLM's worker on CPU)."""
+    """The first half of `send_weights_in_buckets`: begin, then every bucket (received and staged by vLLM's worker
+    on CPU)."""
     from hacpo_megatron.rollout.base import weight_buckets
 
     target.begin_weight_update()
@@ -88,7 +89,7 @@ class PeakRSS:
 
 
 class InProcess:
-    """The engine in this process; weights through `push_weights` (the object-store path's staging)."""
+    """The engine in this process; weights through `send_weights_in_buckets` (the object-store path's staging)."""
 
     def __init__(self, config_only: str, tokenizer, threads: int, kv_cache_gib: float):
         import psutil

@@ -67,7 +67,7 @@ def child(args) -> dict:
 
     from hacpo_megatron.bridge.tokenizers import load_tokenizer
     from hacpo_megatron.rollout import make_engine
-    from hacpo_megatron.rollout.base import SamplingParams, push_weights
+    from hacpo_megatron.rollout.base import SamplingParams, send_weights_in_buckets
 
     config = hf_config(args.model)
     torch.manual_seed(0)
@@ -87,7 +87,7 @@ def child(args) -> dict:
     generate_s, eval_s, reload_s, rss = [], [], [], []
     for round_ in range(args.rounds):
         started = time.perf_counter()
-        push_weights(engine, weights)
+        send_weights_in_buckets(engine, weights)
         reload_s.append(time.perf_counter() - started)
         started = time.perf_counter()
         engine.generate(random_prompts(rng, 16, vocab), step_params)

@@ -13,7 +13,7 @@ de-quantised to fp32 once into .cache/models by `resolve_model_source`; 0.54 GB 
     shared machine's load hits both; the best round of each is kept. Tokens are those really
     generated (answers that end early count what they have).
 (b) Weight transport. A private local Ray (`RayRuntime.connect(None)`, as a run without --ray-address
-    starts) and an `EngineActor` per engine kind; the model's HF tensors are pushed with `push_weights`
+    starts) and an `EngineActor` per engine kind; the model's HF tensors are pushed with `send_weights_in_buckets`
     through `make_sender("object_store" | "process_group", handle)`, interleaved rounds, best kept.
     Every push sends values different from what the engine holds, and is followed by the check mode
     (`check_weights`, bitwise): a push that moved wrong bytes, or none, fails the benchmark. A plain
@@ -302,10 +302,10 @@ def start_engine_actor(kind: str, hf_config: Dict, max_model_len: int, threads: 
 def push_and_check(sender, handle, named, bucket_bytes: int) -> Dict:
     """One timed push through `sender`, then the bitwise check; raises if the engine's weights differ."""
     from hacpo_megatron.orchestrator.actors import RemoteEngine
-    from hacpo_megatron.rollout.base import push_weights
+    from hacpo_megatron.rollout.base import send_weights_in_buckets
 
     timer = PhaseTimer(sender)
-    buckets, seconds = timed(push_weights, timer, named, bucket_bytes)
+    buckets, seconds = timed(send_weights_in_buckets, timer, named, bucket_bytes)
     check, check_seconds = timed(RemoteEngine(handle).check_weights, named)
     if not check.equal:
         raise RuntimeError(f"the engine does not hold the pushed weights: max |diff| {check.max_abs_diff}, "

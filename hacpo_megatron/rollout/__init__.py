@@ -20,7 +20,8 @@ import os
 from typing import Any, Dict, Optional, Sequence
 
 from hacpo_megatron.rollout.base import (
-    DEFAULT_BUCKET_BYTES, Completion, RolloutEngine, SamplingParams, WeightCheck, push_weights, weight_buckets,
+    DEFAULT_BUCKET_BYTES, Completion, RolloutEngine, SamplingParams, WeightCheck, send_weights_in_buckets,
+    weight_buckets,
 )
 
 ENGINE_KINDS = ("embedded", "vllm", "sglang")
@@ -115,5 +116,5 @@ def _has_weights(model_path: str) -> bool:
 
 __all__ = [
     "ENGINE_KINDS", "DEFAULT_BUCKET_BYTES", "Completion", "RolloutEngine", "SamplingParams", "WeightCheck",
-    "engine_options", "install_hint", "make_engine", "push_weights", "weight_buckets",
+    "engine_options", "install_hint", "make_engine", "send_weights_in_buckets", "weight_buckets",
 ]

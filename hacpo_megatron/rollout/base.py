@@ -15,7 +15,7 @@ Weights arrive in three calls, so that a trainer can stream a model of any size 
         engine.update_weights(bucket)
     engine.finish_weight_update()                                    # the new weights serve from here on
 
-`push_weights` does exactly this; `rollout/weight_sync.py` does it from a Megatron model. An engine
+`send_weights_in_buckets` does exactly this; `rollout/weight_sync.py` does it from a Megatron model. An engine
 may apply each bucket at once (embedded, SGLang) or stage them and apply at the end (vLLM's reload
 path wants the whole model); either way generation must not run between begin and finish.
 
@@ -200,7 +200,7 @@ def tensor_bytes(tensor: torch.Tensor) -> int:
     return tensor.numel() * tensor.element_size()
 
 
-def push_weights(engine, named_tensors: NamedTensors, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> int:
+def send_weights_in_buckets(engine, named_tensors: NamedTensors, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> int:
     """Send a whole set of weights to any object with the engine's weight methods; returns the bucket count."""
     engine.begin_weight_update()
     count = 0

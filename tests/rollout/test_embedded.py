@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from hacpo_megatron.rollout.base import SamplingParams, WeightCheck, push_weights, weight_buckets
+from hacpo_megatron.rollout.base import SamplingParams, WeightCheck, send_weights_in_buckets, weight_buckets
 from hacpo_megatron.rollout.embedded import EmbeddedEngine, hf_model_from_config
 
 TINY = dict(model_type="llama", architectures=["LlamaForCausalLM"], vocab_size=50257, hidden_size=32,
@@ -76,7 +76,7 @@ def test_weight_update_changes_generation_and_check_mode_confirms_equality(token
     params = SamplingParams(n=2, max_new_tokens=8, seed=5)
     before = engine.generate(PROMPTS, params)
     assert not engine.check_weights(new_weights).equal
-    buckets = push_weights(engine, new_weights, bucket_bytes=64 * 1024)
+    buckets = send_weights_in_buckets(engine, new_weights, bucket_bytes=64 * 1024)
     assert buckets > 3
     check = engine.check_weights(iter(new_weights))  # a generator works: weights arrive streamed
     assert check.equal and check.max_abs_diff == 0.0

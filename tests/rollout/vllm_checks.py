@@ -92,7 +92,7 @@ def worker_growth_over_new_batch_shapes(engine):
 def main(out_path, workdir):
     from hacpo_megatron.bridge.tokenizers import load_tokenizer
     from hacpo_megatron.rollout import make_engine
-    from hacpo_megatron.rollout.base import SamplingParams, push_weights
+    from hacpo_megatron.rollout.base import SamplingParams, send_weights_in_buckets
     from hacpo_megatron.rollout.vllm_engine import WORKER_ENVIRONMENT, VLLMEngine
 
     model_a = build_model_folder(f"{workdir}/a", seed=0)
@@ -113,7 +113,7 @@ def main(out_path, workdir):
     facts["worker_variables_after_start"] = [os.environ.get(name) for name in sorted(WORKER_ENVIRONMENT)]
     # a trainer sends a tied embedding once, without lm_head.weight (as HF checkpoints store it): the
     # engine's head must still follow the embedding
-    push_weights(engine, [(n, t) for n, t in model_a.state_dict().items() if n != "lm_head.weight"])
+    send_weights_in_buckets(engine, [(n, t) for n, t in model_a.state_dict().items() if n != "lm_head.weight"])
 
     params = SamplingParams(n=3, temperature=0.8, max_new_tokens=6, seed=11)
     out = engine.generate(prompts, params)
@@ -137,7 +137,7 @@ def main(out_path, workdir):
     facts["check_before_update_equal"] = before.equal
     facts["check_before_update_mismatches"] = len(before.mismatched)
     # small buckets: the staged update must assemble fused layers (qkv, gate_up) across buckets
-    facts["update_buckets"] = push_weights(engine, weights_b, bucket_bytes=256 * 1024)
+    facts["update_buckets"] = send_weights_in_buckets(engine, weights_b, bucket_bytes=256 * 1024)
     after = engine.check_weights(iter(weights_b))  # a generator, as weight_sync streams it
     facts["check_after_update_equal"] = after.equal
     facts["check_after_update_max_diff"] = after.max_abs_diff
@@ -176,7 +176,7 @@ def gemma3_main(out_path, workdir):
     from hacpo_megatron.bridge.tokenizers import eos_token_ids, load_tokenizer
     from hacpo_megatron.models.presets import PRESETS
     from hacpo_megatron.rollout import make_engine
-    from hacpo_megatron.rollout.base import SamplingParams, push_weights
+    from hacpo_megatron.rollout.base import SamplingParams, send_weights_in_buckets
     from hacpo_megatron.rollout.embedded import hf_model_from_config
 
     config = dict(PRESETS["tiny-gemma3"])
@@ -195,12 +195,12 @@ def gemma3_main(out_path, workdir):
     params = SamplingParams(n=2, temperature=0.8, max_new_tokens=12, seed=5)
     facts = {"prompt_lengths": [len(p) for p in prompts], "window": window,
              "kv_cache": [cache.kv_cache_memory_bytes, cache.num_gpu_blocks, cache.block_size]}
-    push_weights(engine, [(n, t) for n, t in model_a.state_dict().items() if n != "lm_head.weight"])
+    send_weights_in_buckets(engine, [(n, t) for n, t in model_a.state_dict().items() if n != "lm_head.weight"])
     out = engine.generate(prompts, params)
     facts["logprob_max_abs_diff"] = max(abs(x - y) for p, g in zip(prompts, out) for c in g
                                         for x, y in zip(c.logprobs, teacher_forced(model_a, p, c.token_ids, 0.8)))
     facts["lengths"] = [len(c.token_ids) for g in out for c in g]
-    push_weights(engine, list(model_b.state_dict().items()))
+    send_weights_in_buckets(engine, list(model_b.state_dict().items()))
     after = engine.check_weights(list(model_b.state_dict().items()))
     facts["check_after_update_equal"], facts["check_after_update_max_diff"] = after.equal, after.max_abs_diff
     out_b = engine.generate(prompts, params)
@@ -217,7 +217,7 @@ def gemma3_main(out_path, workdir):
     weights = {n: t for n, t in model_b.state_dict().items() if n != "lm_head.weight"}
     embed = weights["model.embed_tokens.weight"].clone()
     embed[line_break] = 2 * embed[first]
-    push_weights(engine, list(dict(weights, **{"model.embed_tokens.weight": embed}).items()))
+    send_weights_in_buckets(engine, list(dict(weights, **{"model.embed_tokens.weight": embed}).items()))
     stopped = engine.generate(one_line, greedy)[0][0]
     facts["stopped"] = [stopped.token_ids, stopped.finish_reason, line_break, first]
     engine.shutdown()
