@@ -70,9 +70,9 @@ def read_phases(run_dir: Path, skip_first: int = 1) -> List[StepPhases]:
 def simulate(phases: Sequence[StepPhases], k: int) -> float:
     """Total time to train every step in `phases` with at most k steps generated ahead (k = 0: synchronous).
 
-    As the loop with orchestrator/pipeline.py runs: at the start of step t (once every push of step t-1 is done)
-    the steps up to t + k are launched; the engines run launched generations and pushes one at a time, in order;
-    the learners train step t once its answers are scored; the push after step t waits for the learners and for
+    As the loop with orchestrator/generation_schedule.py runs: at the start of step t (once every push of step t-1
+    is done) the steps up to t + k are launched; the engines run launched generations and pushes one at a time, in
+    order; the learners train step t once its answers are scored; the push after step t waits for the learners and for
     every generation launched before it. With k = 0 that is rollout, learner, push, one after another.
     """
     n = len(phases)

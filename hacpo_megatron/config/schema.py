@@ -108,8 +108,8 @@ class RolloutConfig:
     # after the trainer's pass on the run's first step found them within a tenth of the clip range
     # (training/step_data.py: check_engine_logprobs), saving that pass on every later step
     old_logprobs: Literal["trainer", "engine"] = "trainer"
-    # k: the engines answer steps t+1 .. t+k while the learners train step t (orchestrator/rollouts.py); no answer
-    # is trained on that is more than k weight versions old. 0: the synchronous loop, the paper's algorithm.
+    # k: the engines answer steps t+1 .. t+k while the learners train step t (orchestrator/rollout_pipeline.py);
+    # no answer is trained on that is more than k weight versions old. 0: the synchronous loop, the paper's algorithm.
     # k >= 1 corrects for the older weights (docs/algorithm.md, "Answers from older weights")
     max_staleness: int = 0
     # threads of each engine on a CPU machine: the embedded engine's torch threads, vLLM's CPU worker's

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import List
 
-from hacpo_megatron.data.benchmarks import BENCHMARK_FIELDS, load_benchmark
+from hacpo_megatron.data.eval_sets import BENCHMARK_FIELDS, load_benchmark
 from hacpo_megatron.data.files import DataFormatError
 from hacpo_megatron.data.prompts import load_prompt_file
 from hacpo_megatron.data.reasoning_gym import SPEC_PREFIX as REASONING_GYM_PREFIX

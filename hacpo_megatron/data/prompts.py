@@ -17,7 +17,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Dict, List
 
-from hacpo_megatron.data.answers import AnswerFormatError, answer_from_field
+from hacpo_megatron.data.reference_answers import AnswerFormatError, answer_from_field
 from hacpo_megatron.data.files import DataFormatError, read_rows
 from hacpo_megatron.data.records import PromptRecord, user_prompt
 

@@ -28,7 +28,7 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 import ray
 import torch
 
-from hacpo_megatron.orchestrator.pipeline import TimedAnswers
+from hacpo_megatron.orchestrator.generation_schedule import TimedAnswers
 from hacpo_megatron.orchestrator.shared_memory import record_engine_files, remove_files_of_ended_engine
 from hacpo_megatron.rollout.base import (
     Completion, EngineLost, EngineWithoutWeights, RolloutEngine, SamplingParams, WeightCheck,

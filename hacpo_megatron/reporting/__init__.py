@@ -23,11 +23,11 @@ Plots and summary are drawn from metrics.jsonl alone (`render_run_outputs`), so
 Resume: a reporter made with `start_step=s` keeps the lines of steps < s and drops the rest (they
 belong to the steps about to be redone), then appends; the trackers continue the tracked runs of run_info.json.
 
-One module per concern: records.py (the lines and files), run_metrics.py (reading a run back), summary.py,
-plots.py, trackers.py, reporter.py (RunReporter, render_run_outputs).
+One module per concern: metrics_file.py (the lines and files), step_records.py (a step's records), run_metrics.py
+(reading a run back), summary.py, plots.py, trackers.py, reporter.py (RunReporter, render_run_outputs).
 """
 from hacpo_megatron.reporting.plots import CURVES_FILE, EVAL_PLOT_FILE, plot_curves, plot_eval_accuracy
-from hacpo_megatron.reporting.records import (
+from hacpo_megatron.reporting.metrics_file import (
     EVAL_ACCURACY, METRICS_FILE, REQUIRED_KEYS, RUN_INFO_FILE, TIME_KEYS, MetricsError, check_step_records,
     read_metrics, read_run_info, truncate_metrics, update_run_info,
 )

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Dict, List, Sequence, Tuple
 
-from hacpo_megatron.reporting.records import PathLike
+from hacpo_megatron.reporting.metrics_file import PathLike
 from hacpo_megatron.reporting.run_metrics import RunMetrics
 
 CURVES_FILE = "curves.png"

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any, Dict, Mapping, Optional, Sequence
 
 from hacpo_megatron.reporting.plots import CURVES_FILE, EVAL_PLOT_FILE, plot_curves, plot_eval_accuracy
-from hacpo_megatron.reporting.records import (
+from hacpo_megatron.reporting.metrics_file import (
     EVAL_ACCURACY, EVAL_SCORES_FILE, METRICS_FILE, MetricsError, PathLike, check_step_records, flatten_record,
     json_line, read_run_info, truncate_metrics, update_run_info,
 )

@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
-from hacpo_megatron.reporting.records import EVAL_ACCURACY, METRICS_FILE, PathLike, read_metrics
+from hacpo_megatron.reporting.metrics_file import EVAL_ACCURACY, METRICS_FILE, PathLike, read_metrics
 
 Series = Tuple[List[int], List[float]]  # steps, values (steps where the value was null are left out)
 

@@ -8,7 +8,7 @@ from typing import Dict, List, Mapping, Sequence
 import numpy as np
 import torch
 
-from hacpo_megatron.reporting.records import REQUIRED_KEYS
+from hacpo_megatron.reporting.metrics_file import REQUIRED_KEYS
 
 # Per-update values whose mean over a step says nothing: the step's record shows the last update's, or the largest.
 LAST_UPDATE_KEYS = ("cross_clip_lower_bound", "update_index")

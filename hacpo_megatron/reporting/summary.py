@@ -5,7 +5,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from hacpo_megatron.reporting.records import TIME_KEYS, PathLike
+from hacpo_megatron.reporting.metrics_file import TIME_KEYS, PathLike
 from hacpo_megatron.reporting.run_metrics import RunMetrics
 
 SUMMARY_FILE = "summary.md"

@@ -4,7 +4,7 @@
       1. sample B prompts                       (every rank: the same seeded sampler)
       2. every agent generates G responses      (rank 0 drives the engine actors, all agents at once)
       3. score all n*B*G responses              (rank 0, reward actor with time limits)
-         1-3: orchestrator/rollouts.py; with rollout.max_staleness = k >= 1 for steps t+1..t+k while t trains
+         1-3: orchestrator/rollout_pipeline.py; with rollout.max_staleness = k >= 1 for steps t+1..t+k while t trains
       4. capabilities P_k, advantages A~        (every rank, deterministic from the broadcast rewards)
       5. old log-probs of own responses         (each agent on its ranks, shared with every rank)
       6. learner k: own + bridged rows, M updates of the loss     (each agent on its ranks;
@@ -37,7 +37,7 @@ from hacpo_megatron.data import PromptSampler
 from hacpo_megatron.orchestrator.preemption import Preempted, PreemptionGuard
 from hacpo_megatron.orchestrator.ray_runtime import RayRuntime, leave_ray, object_store_stats
 from hacpo_megatron.orchestrator.faults import NO_FAULTS, FaultPlan
-from hacpo_megatron.orchestrator.rollouts import RolloutPipeline, held_out_scores
+from hacpo_megatron.orchestrator.rollout_pipeline import RolloutPipeline, held_out_scores
 from hacpo_megatron.orchestrator.startup import start_actors
 from hacpo_megatron.orchestrator.weight_delivery import (
     push_all_weights, push_weights, resend_to_lost_engines, restore_restarted_engines,
@@ -47,7 +47,7 @@ from hacpo_megatron.parallel.layout import required_world_size
 from hacpo_megatron.reporting.step_records import mean_over_updates, step_records
 from hacpo_megatron.rollout.replay import load_step, save_step
 from hacpo_megatron.rollout.weight_sync import engine_rank
-from hacpo_megatron.training import checkpointing
+from hacpo_megatron.training import run_checkpoints
 from hacpo_megatron.training.batch import UpdateSchedule, mini_batches
 from hacpo_megatron.training.preflight import check_device, check_inputs
 from hacpo_megatron.training.provider import ModelProvider
@@ -92,7 +92,7 @@ def run_hacpo(cfg: Config, options: RunOptions, model_provider: ModelProvider) -
     _seed_everything(cfg.run.seed)
 
     agents = build_agents(cfg, spec, model_provider)
-    checkpointing.save_tokenizers(options.output_dir, agents)
+    run_checkpoints.save_tokenizers(options.output_dir, agents)
     if rank == 0 and cfg.run.mode == "rollout_only":
         print("run.mode rollout_only: no learner; the engines answer with the initial weights throughout", flush=True)
     runtime, reward_actor = None, None
@@ -111,7 +111,7 @@ def run_hacpo(cfg: Config, options: RunOptions, model_provider: ModelProvider) -
 
     start_step = 0
     if options.resume:
-        start_step = checkpointing.load_latest(options.output_dir, agents, tracker, sampler)
+        start_step = run_checkpoints.load_latest(options.output_dir, agents, tracker, sampler)
     push_all_weights(agents, options.weight_check)
     time_gemm_peaks_in_turn(list(agents.trainers.values()))  # perf/mfu's denominator, engines loaded and idle
 
@@ -137,12 +137,12 @@ def run_hacpo(cfg: Config, options: RunOptions, model_provider: ModelProvider) -
             stop = preemption.stop_requested()  # collective: a signal to any rank ends the run here
             keeps = cfg.run.mode != "rollout_only"  # rollout_only learns nothing: no checkpoint to keep
             if keeps and (stop or _checkpoint_due(cfg, done)):
-                checkpointing.save(options.output_dir, done, agents, tracker,
+                run_checkpoints.save(options.output_dir, done, agents, tracker,
                                    pipeline.sampler_state() if pipeline else sampler.state_dict(),
                                    keep_last=cfg.checkpoint.keep_last)
             if stop:
                 raise Preempted(preemption.signal_name, done,
-                                checkpointing.step_folder(options.output_dir, done) if keeps else None)
+                                run_checkpoints.step_folder(options.output_dir, done) if keeps else None)
         finished = True
     except Preempted:
         finished = True  # every rank stopped at the same step boundary, its checkpoint written: an orderly end

@@ -1,7 +1,7 @@
 """Evaluation benchmarks read from local files (.jsonl/.json lines/.parquet) in their usual field names.
 
 None of these can be downloaded here; users bring the files. The table below is the only place that
-knows each benchmark's field names; ``answers.answer_from_field`` knows the answer formats
+knows each benchmark's field names; ``reference_answers.answer_from_field`` knows the answer formats
 (GSM8K's ``#### 72``, MATH's ``\\boxed{}``, OlympiadBench's list).
 """
 
@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Tuple
 
-from hacpo_megatron.data.answers import AnswerFormatError, answer_from_field
+from hacpo_megatron.data.reference_answers import AnswerFormatError, answer_from_field
 from hacpo_megatron.data.files import DataFormatError, read_rows
 from hacpo_megatron.data.records import PromptRecord, user_prompt
 

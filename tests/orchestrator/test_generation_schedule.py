@@ -2,7 +2,7 @@
 the version the schedule records for each step is the version the engine really generated it with."""
 import pytest
 
-from hacpo_megatron.orchestrator.pipeline import GenerationSchedule, PhaseClock, TimedAnswers, seconds_inside
+from hacpo_megatron.orchestrator.generation_schedule import GenerationSchedule, PhaseClock, TimedAnswers, seconds_inside
 
 
 class FifoEngine:

@@ -7,11 +7,11 @@
     held_out_scores(cfg, agents, eval_set, reward_actor, options, done)   # every rank; figures on rank 0
 
 With k = 0 a step's prompts are drawn and answered when the step begins: the synchronous loop, the paper's
-algorithm. With k >= 1 the engines answer steps t+1 .. t+k while the learners train step t (orchestrator/pipeline.py
-says why each answer's weight version is known without asking the engines); the learners then correct for the
-older weights (docs/algorithm.md, "Answers from older weights"). Rank 0 drives the engines and the reward actor and
-broadcasts what they return. An engine that died is given the current weights again and answers its step again, from
-those weights: its rows are then on-policy (`generated_by` per agent says so).
+algorithm. With k >= 1 the engines answer steps t+1 .. t+k while the learners train step t
+(orchestrator/generation_schedule.py says why each answer's weight version is known without asking the engines); the
+learners then correct for the older weights (docs/algorithm.md, "Answers from older weights"). Rank 0 drives the
+engines and the reward actor and broadcasts what they return. An engine that died is given the current weights again
+and answers its step again, from those weights: its rows are then on-policy (`generated_by` per agent says so).
 
 A checkpoint does not keep answers in flight: a resumed run draws those steps' prompts again (`sampler_state`) and
 generates them from the checkpoint's weights, so nothing is trained twice or skipped; its first steps are then
@@ -29,7 +29,7 @@ import torch.distributed as dist
 
 from hacpo_megatron.bridge import render_prompts
 from hacpo_megatron.orchestrator.actors import call_with_restarts
-from hacpo_megatron.orchestrator.pipeline import GenerationSchedule, PhaseClock
+from hacpo_megatron.orchestrator.generation_schedule import GenerationSchedule, PhaseClock
 from hacpo_megatron.orchestrator.run_agents import RunAgents
 from hacpo_megatron.orchestrator.weight_delivery import ENGINE_RETRIES, push_all_weights, restore_restarted_engines
 from hacpo_megatron.rewards import RewardItem

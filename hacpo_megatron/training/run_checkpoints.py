@@ -76,7 +76,8 @@ def step_folder(output_dir: str, step: int) -> str:
 
 def save(output_dir: str, step: int, agents, tracker, sampler_state: dict, *, keep_last: int) -> None:
     """Collective: every rank enters. The step becomes `latest` only once completely written. `sampler_state`:
-    the prompt sampler's, with any step whose answers are still being generated undrawn (orchestrator/rollouts.py)."""
+    the prompt sampler's, with any step whose answers are still being generated undrawn
+    (orchestrator/rollout_pipeline.py)."""
     trainer_state = {
         "step": step,
         "tracker": tracker.state_dict(),

@@ -1,8 +1,8 @@
 """Which steps' answers are being generated, and by which weights: rollout ahead of training by at most k steps.
 
 rollout.max_staleness = k: this module is the bookkeeping, free of Ray and torch.distributed so that it can be
-tested alone; orchestrator/rollouts.py calls it on every rank (every rank draws the same prompts in the same order)
-while only rank 0's `launch` reaches the engines.
+tested alone; orchestrator/rollout_pipeline.py calls it on every rank (every rank draws the same prompts in the
+same order) while only rank 0's `launch` reaches the engines.
 
     schedule = GenerationSchedule(max_staleness=k, total_steps=N, next_prompts=sampler.next_batch, launch=...)
     for t in range(start, N):
