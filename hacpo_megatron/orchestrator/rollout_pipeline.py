@@ -34,6 +34,7 @@ from hacpo_megatron.orchestrator.run_agents import RunAgents
 from hacpo_megatron.orchestrator.weight_delivery import ENGINE_RETRIES, push_all_weights, restore_restarted_engines
 from hacpo_megatron.rewards import RewardItem
 from hacpo_megatron.rollout.base import EngineWithoutWeights, SamplingParams
+from hacpo_megatron.rollout.replay import load_step
 
 
 def reward_items(prompts: Sequence, rollouts: Sequence) -> List[RewardItem]:
@@ -151,6 +152,27 @@ class RolloutPipeline:
         dist.broadcast_object_list(payload, src=0)
         return payload[0]
 
+
+
+class ReplayedRollouts:
+    """run.mode train_only: each step's answers and rewards as an earlier run saved them (--save-rollouts), read
+    from `folder` (rollout/replay.py); no engine, no reward actor. The same interface as RolloutPipeline, so the
+    loop takes its answers from either without asking which."""
+
+    def __init__(self, folder: str, agents: RunAgents, sampler: Any, G: int):
+        self.folder, self.agents, self.sampler, self.G = folder, agents, sampler, G
+
+    def step_rollouts(self, step: int, times: Dict[str, float]) -> StepRollouts:
+        prompts = self.sampler.next_batch()
+        prompt_ids = [render_prompts(tok, prompts) for tok in self.agents.tokenizers]
+        t = time.perf_counter()
+        rollouts, scores, reward_stats = load_step(self.folder, step + 1, self.agents.names, prompts, self.G)
+        times.update({"time/rollout": time.perf_counter() - t, "time/reward": 0.0})
+        return StepRollouts(prompts, prompt_ids, rollouts, scores, reward_stats,
+                            generated_by=[step] * len(rollouts), metrics={})
+
+    def sampler_state(self) -> dict:
+        return self.sampler.state_dict()
 
 def held_out_scores(cfg: Any, agents: RunAgents, eval_set: list, reward_actor: Any, options: Any,
                     done: int) -> Dict[str, List[float]]:

@@ -31,13 +31,12 @@ import torch.distributed as dist
 
 from hacpo_megatron.algorithms import CapabilityTracker, step_advantages
 from hacpo_megatron.algorithms.registry import algorithm_spec
-from hacpo_megatron.bridge import render_prompts
 from hacpo_megatron.config import Config, config_to_dict, dump_config
 from hacpo_megatron.data import PromptSampler
 from hacpo_megatron.orchestrator.preemption import Preempted, PreemptionGuard
 from hacpo_megatron.orchestrator.ray_runtime import RayRuntime, leave_ray, object_store_stats
 from hacpo_megatron.orchestrator.faults import NO_FAULTS, FaultPlan
-from hacpo_megatron.orchestrator.rollout_pipeline import RolloutPipeline, held_out_scores
+from hacpo_megatron.orchestrator.rollout_pipeline import ReplayedRollouts, RolloutPipeline, held_out_scores
 from hacpo_megatron.orchestrator.startup import start_actors
 from hacpo_megatron.orchestrator.weight_delivery import (
     push_all_weights, push_weights, resend_to_lost_engines, restore_restarted_engines,
@@ -45,7 +44,7 @@ from hacpo_megatron.orchestrator.weight_delivery import (
 from hacpo_megatron.parallel.groups import AgentParallel, init_distributed
 from hacpo_megatron.parallel.layout import required_world_size
 from hacpo_megatron.reporting.step_records import mean_over_updates, step_records
-from hacpo_megatron.rollout.replay import load_step, save_step
+from hacpo_megatron.rollout.replay import save_step
 from hacpo_megatron.rollout.weight_sync import engine_rank
 from hacpo_megatron.training import run_checkpoints
 from hacpo_megatron.training.batch import UpdateSchedule, mini_batches
@@ -115,8 +114,8 @@ def run_hacpo(cfg: Config, options: RunOptions, model_provider: ModelProvider) -
     push_all_weights(agents, options.weight_check)
     time_gemm_peaks_in_turn(list(agents.trainers.values()))  # perf/mfu's denominator, engines loaded and idle
 
-    pipeline = (RolloutPipeline(cfg, agents, sampler, reward_actor, G, options, start_step)
-                if agents.engines_running else None)
+    answers = (RolloutPipeline(cfg, agents, sampler, reward_actor, G, options, start_step) if agents.engines_running
+               else ReplayedRollouts(options.load_rollouts, agents, sampler, G))  # run.mode train_only: saved ones
     reporter = _reporter(cfg, agents, options, start_step) if rank == 0 else None
     if start_step == 0 and cfg.data.eval_every and eval_set:
         scores = held_out_scores(cfg, agents, eval_set, reward_actor, options, done=0)  # collective
@@ -126,7 +125,7 @@ def run_hacpo(cfg: Config, options: RunOptions, model_provider: ModelProvider) -
     preemption = PreemptionGuard.install()
     try:
         for step in range(start_step, cfg.run.total_steps):
-            records = _hacpo_step(step, cfg, spec, agents, sampler, pipeline, tracker, options, G)
+            records = _hacpo_step(step, cfg, spec, agents, answers, tracker, options, G)
             if rank == 0:
                 reporter.log_step(step + 1, records)
             done = step + 1
@@ -138,7 +137,7 @@ def run_hacpo(cfg: Config, options: RunOptions, model_provider: ModelProvider) -
             keeps = cfg.run.mode != "rollout_only"  # rollout_only learns nothing: no checkpoint to keep
             if keeps and (stop or _checkpoint_due(cfg, done)):
                 run_checkpoints.save(options.output_dir, done, agents, tracker,
-                                   pipeline.sampler_state() if pipeline else sampler.state_dict(),
+                                   answers.sampler_state(),
                                    keep_last=cfg.checkpoint.keep_last)
             if stop:
                 raise Preempted(preemption.signal_name, done,
@@ -155,7 +154,7 @@ def run_hacpo(cfg: Config, options: RunOptions, model_provider: ModelProvider) -
 
 
 # ---------------------------------------------------------------------------------------- one step
-def _hacpo_step(step, cfg, spec, agents: Agents, sampler, pipeline, tracker, options, G) -> List[Dict[str, float]]:
+def _hacpo_step(step, cfg, spec, agents: Agents, answers, tracker, options, G) -> List[Dict[str, float]]:
     rank, n = dist.get_rank(), len(agents.configs)
     times: Dict[str, float] = {}
     t_step = time.perf_counter()
@@ -163,18 +162,9 @@ def _hacpo_step(step, cfg, spec, agents: Agents, sampler, pipeline, tracker, opt
     restore_restarted_engines(agents, options.weight_check)  # an engine Ray restarted since its last push
 
     # 1-3. prompts, rollouts and rewards (run.mode train_only: as saved by an earlier run)
-    if pipeline is not None:
-        work = pipeline.step_rollouts(step, times)
-        prompts, prompt_ids, rollouts, scores, reward_stats = (work.prompts, work.prompt_ids, work.rollouts,
-                                                                work.scores, work.reward_stats)
-        pipeline_metrics = work.metrics
-    else:
-        prompts = sampler.next_batch()
-        prompt_ids = [render_prompts(tok, prompts) for tok in agents.tokenizers]
-        t = time.perf_counter()
-        rollouts, scores, reward_stats = load_step(options.load_rollouts, step + 1, agents.names, prompts, G)
-        times.update({"time/rollout": time.perf_counter() - t, "time/reward": 0.0})
-        pipeline_metrics = {}
+    work = answers.step_rollouts(step, times)  # from the engines, or as an earlier run saved them (train_only)
+    prompts, prompt_ids, rollouts, scores, reward_stats = (work.prompts, work.prompt_ids, work.rollouts, work.scores,
+                                                           work.reward_stats)
     B = len(prompts)
     if options.save_rollouts and rank == 0:
         save_step(options.save_rollouts, step + 1, agents.names, prompts, rollouts, scores, reward_stats)
@@ -203,7 +193,7 @@ def _hacpo_step(step, cfg, spec, agents: Agents, sampler, pipeline, tracker, opt
             per_agent[k].update(m)
     store = object_store_stats() if agents.engines_running else {}  # at the step's end: back to its baseline?
     return step_records(step + 1, agents.names, rewards, capabilities, advantages.omega, reward_stats,
-                        before_capability=[{**gaps.get(k, {}), **pipeline_metrics.get(k, {})} for k in range(n)],
+                        before_capability=[{**gaps.get(k, {}), **work.metrics.get(k, {})} for k in range(n)],
                         after_capability=[{**per_agent[k], **rollout_stats(rollouts[k])} for k in range(n)],
                         shared={**store, **times}, started=t_step, untrained=cfg.run.mode == "rollout_only")
 
