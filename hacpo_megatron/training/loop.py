@@ -23,13 +23,13 @@ import os
 import random
 import time
 from dataclasses import dataclass
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
-from hacpo_megatron.algorithms import CapabilityTracker, step_advantages
+from hacpo_megatron.algorithms import AlgorithmSpec, CapabilityTracker, step_advantages
 from hacpo_megatron.algorithms.registry import algorithm_spec
 from hacpo_megatron.config import Config, config_to_dict, dump_config
 from hacpo_megatron.data import PromptSampler
@@ -68,6 +68,21 @@ class RunOptions:
     save_rollouts: Optional[str] = None  # write every step's answers and rewards here (rollout/replay.py)
     load_rollouts: Optional[str] = None  # run.mode train_only: read them from here instead of any engine
     faults: FaultPlan = NO_FAULTS  # a test's: engines killed at chosen moments (orchestrator/faults.py)
+
+
+@dataclass
+class Run:
+    """What every step of a run reads: the config, the algorithm, this rank's agents, the source of each step's
+    answers (the engines' RolloutPipeline, or ReplayedRollouts in run.mode train_only), the capability tracker,
+    the run's options and G, each agent's answers per prompt."""
+
+    cfg: Config
+    spec: AlgorithmSpec
+    agents: Agents
+    answers: Any
+    tracker: CapabilityTracker
+    options: RunOptions
+    G: int
 
 
 def run_hacpo(cfg: Config, options: RunOptions, model_provider: ModelProvider) -> None:
@@ -116,6 +131,7 @@ def run_hacpo(cfg: Config, options: RunOptions, model_provider: ModelProvider) -
 
     answers = (RolloutPipeline(cfg, agents, sampler, reward_actor, G, options, start_step) if agents.engines_running
                else ReplayedRollouts(options.load_rollouts, agents, sampler, G))  # run.mode train_only: saved ones
+    run = Run(cfg, spec, agents, answers, tracker, options, G)
     reporter = _reporter(cfg, agents, options, start_step) if rank == 0 else None
     if start_step == 0 and cfg.data.eval_every and eval_set:
         scores = held_out_scores(cfg, agents, eval_set, reward_actor, options, done=0)  # collective
@@ -125,7 +141,7 @@ def run_hacpo(cfg: Config, options: RunOptions, model_provider: ModelProvider) -
     preemption = PreemptionGuard.install()
     try:
         for step in range(start_step, cfg.run.total_steps):
-            records = _hacpo_step(step, cfg, spec, agents, answers, tracker, options, G)
+            records = _hacpo_step(run, step)
             if rank == 0:
                 reporter.log_step(step + 1, records)
             done = step + 1
@@ -154,7 +170,8 @@ def run_hacpo(cfg: Config, options: RunOptions, model_provider: ModelProvider) -
 
 
 # ---------------------------------------------------------------------------------------- one step
-def _hacpo_step(step, cfg, spec, agents: Agents, answers, tracker, options, G) -> List[Dict[str, float]]:
+def _hacpo_step(run: Run, step: int) -> List[Dict[str, float]]:
+    cfg, agents, options = run.cfg, run.agents, run.options
     rank, n = dist.get_rank(), len(agents.configs)
     times: Dict[str, float] = {}
     t_step = time.perf_counter()
@@ -162,25 +179,23 @@ def _hacpo_step(step, cfg, spec, agents: Agents, answers, tracker, options, G) -
     restore_restarted_engines(agents, options.weight_check)  # an engine Ray restarted since its last push
 
     # 1-3. prompts, rollouts and rewards (run.mode train_only: as saved by an earlier run)
-    work = answers.step_rollouts(step, times)  # from the engines, or as an earlier run saved them (train_only)
-    prompts, prompt_ids, rollouts, scores, reward_stats = (work.prompts, work.prompt_ids, work.rollouts, work.scores,
-                                                           work.reward_stats)
+    work = run.answers.step_rollouts(step, times)  # from the engines, or as an earlier run saved them (train_only)
+    prompts, rollouts, scores, reward_stats = work.prompts, work.rollouts, work.scores, work.reward_stats
     B = len(prompts)
     if options.save_rollouts and rank == 0:
         save_step(options.save_rollouts, step + 1, agents.names, prompts, rollouts, scores, reward_stats)
     options.faults.after_rollouts(rollouts)
-    rewards = rewards_tensor(scores, n, B, G)
+    rewards = rewards_tensor(scores, n, B, run.G)
 
     # 4. capabilities and advantages
-    capabilities = tracker.update(rewards)
-    advantages = step_advantages(rewards, capabilities, spec, omega_clamp=_omega_clamp(cfg),
+    capabilities = run.tracker.update(rewards)
+    advantages = step_advantages(rewards, capabilities, run.spec, omega_clamp=_omega_clamp(cfg),
                                  eps=cfg.algorithm.advantage_eps, reward_range=_reward_range(cfg))
 
     # 5-7. old log-probs, then each hosted learner: bridge, train, push weights (run.mode rollout_only: none)
     gaps, local = {}, {}
     if cfg.run.mode != "rollout_only":
-        gaps, local = _train_learners(cfg, spec, agents, prompts, prompt_ids, rollouts, advantages, options, B, G,
-                                      times)
+        gaps, local = _train_learners(run, work, advantages, times)
 
     # 8. metrics: each agent's output rank reports; rank 0 assembles one record per agent
     reported = [None] * dist.get_world_size()
@@ -198,8 +213,10 @@ def _hacpo_step(step, cfg, spec, agents: Agents, answers, tracker, options, G) -
                         shared={**store, **times}, started=t_step, untrained=cfg.run.mode == "rollout_only")
 
 
-def _train_learners(cfg, spec, agents: Agents, prompts, prompt_ids, rollouts, advantages, options, B, G, times):
+def _train_learners(run: Run, work, advantages, times: Dict[str, float]):
     """Steps 5-7: ({k: engine/trainer log-prob gap}, {k: this rank's figures of hosted learner k's update})."""
+    cfg, spec, agents, options = run.cfg, run.spec, run.agents, run.options
+    prompts, prompt_ids, rollouts, B = work.prompts, work.prompt_ids, work.rollouts, len(work.prompts)
     # 5. old log-probs of own responses, shared with every rank: the trainer's pass, or the engine's own
     #    (rollout.old_logprobs: engine) once that pass has found them close enough on the run's first step
     t = time.perf_counter()
@@ -223,7 +240,7 @@ def _train_learners(cfg, spec, agents: Agents, prompts, prompt_ids, rollouts, ad
             rows = with_learner_old_logprobs(rows, agent_logprobs(trainer, None, cross))
         t_bridge = time.perf_counter() - t
         t = time.perf_counter()
-        schedule = UpdateSchedule(B, G, sources=tuple(int(j) for j in advantages.trains_on[k].nonzero()),
+        schedule = UpdateSchedule(B, run.G, sources=tuple(int(j) for j in advantages.trains_on[k].nonzero()),
                                   rows_per_update=cfg.train.mini_batch_size * cfg.rollout.samples_per_prompt)
         updates = trainer.train_step(mini_batches(rows, schedule))
         t_train = time.perf_counter() - t
