@@ -33,9 +33,9 @@ from hacpo_megatron.algorithms import AlgorithmSpec, CapabilityTracker, step_adv
 from hacpo_megatron.algorithms.registry import algorithm_spec
 from hacpo_megatron.config import Config, config_to_dict, dump_config
 from hacpo_megatron.data import PromptSampler
+from hacpo_megatron.orchestrator.faults import NO_FAULTS, FaultPlan
 from hacpo_megatron.orchestrator.preemption import Preempted, PreemptionGuard
 from hacpo_megatron.orchestrator.ray_runtime import RayRuntime, leave_ray, object_store_stats
-from hacpo_megatron.orchestrator.faults import NO_FAULTS, FaultPlan
 from hacpo_megatron.orchestrator.rollout_pipeline import ReplayedRollouts, RolloutPipeline, held_out_scores
 from hacpo_megatron.orchestrator.startup import start_actors
 from hacpo_megatron.orchestrator.weight_delivery import (
@@ -47,13 +47,13 @@ from hacpo_megatron.reporting.step_records import mean_over_updates, step_record
 from hacpo_megatron.rollout.replay import save_step
 from hacpo_megatron.rollout.weight_sync import engine_rank
 from hacpo_megatron.training import run_checkpoints
+from hacpo_megatron.training.agents import Agents, build_agents, tokenizer_name
 from hacpo_megatron.training.batch import UpdateSchedule, mini_batches
+from hacpo_megatron.training.logprob_passes import agent_logprobs, behaviour_logprobs
 from hacpo_megatron.training.preflight import check_device, check_inputs
 from hacpo_megatron.training.provider import ModelProvider
-from hacpo_megatron.training.agents import Agents, build_agents, tokenizer_name
-from hacpo_megatron.training.logprob_passes import agent_logprobs, behaviour_logprobs
 from hacpo_megatron.training.step_data import (
-    load_prompt_sets, engine_old_logprobs, learner_rows, own_sequences, rewards_tensor, rollout_stats,
+    engine_old_logprobs, learner_rows, load_prompt_sets, own_sequences, rewards_tensor, rollout_stats,
     with_learner_old_logprobs,
 )
 from hacpo_megatron.training.trainer import time_gemm_peaks_in_turn
