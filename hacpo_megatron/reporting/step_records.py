@@ -16,6 +16,9 @@ LARGEST_OVER_UPDATES_KEYS = ("micro_batch_tokens_max",)
 
 
 def mean_over_updates(updates: List[Dict[str, float]]) -> Dict[str, float]:
+    """An agent's figures for a step from those of its M updates: each one's mean over the updates that have it
+    (NaN where none does), the last update's for LAST_UPDATE_KEYS, the largest for LARGEST_OVER_UPDATES_KEYS,
+    and M as `num_updates`."""
     keys = dict.fromkeys(key for u in updates for key in u)
     values = {key: [u.get(key, float("nan")) for u in updates] for key in keys}
     out = {key: float(np.nanmean(v)) if any(np.isfinite(v)) else float("nan") for key, v in values.items()}
