@@ -152,9 +152,8 @@ def run_hacpo(cfg: Config, options: RunOptions, model_provider: ModelProvider) -
             stop = preemption.stop_requested()  # collective: a signal to any rank ends the run here
             keeps = cfg.run.mode != "rollout_only"  # rollout_only learns nothing: no checkpoint to keep
             if keeps and (stop or _checkpoint_due(cfg, done)):
-                run_checkpoints.save(options.output_dir, done, agents, tracker,
-                                   answers.sampler_state(),
-                                   keep_last=cfg.checkpoint.keep_last)
+                run_checkpoints.save(options.output_dir, done, agents, tracker, answers.sampler_state(),
+                                     keep_last=cfg.checkpoint.keep_last)
             if stop:
                 raise Preempted(preemption.signal_name, done,
                                 run_checkpoints.step_folder(options.output_dir, done) if keeps else None)
