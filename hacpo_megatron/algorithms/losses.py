@@ -48,15 +48,14 @@ class LossParams:
     alpha: float  # exponential importance sampling: sg(s)^alpha
     delta: float  # the cross clip's lower bound starts at 1 - delta ...
     delta_step: float  # ... and rises by delta_step per update of the step
-    cross_clip: bool = True  # ablation switches of HACPO (AlgorithmSpec)
-    stepwise_clip: bool = True
+    cross_clip: bool = True  # HACPO's ablation switch (AlgorithmSpec); its stepwise one shapes the bound the batch
+    # carries (cross_clip_lower_bound), so the loss never reads it
 
     @classmethod
     def from_config(cls, algorithm, spec) -> "LossParams":
         """From a config's `algorithm:` section (or anything with its clip fields) and an AlgorithmSpec."""
         fields = ("clip_low", "clip_high", "grpo_clip_low", "grpo_clip_high", "alpha", "delta", "delta_step")
-        return cls(**{f: getattr(algorithm, f) for f in fields}, cross_clip=spec.cross_clip,
-                   stepwise_clip=spec.stepwise_clip)
+        return cls(**{f: getattr(algorithm, f) for f in fields}, cross_clip=spec.cross_clip)
 
 
 @dataclass(frozen=True)
@@ -176,7 +175,8 @@ def hacpo_policy_loss(batch: PolicyBatch, params: LossParams) -> Tuple[torch.Ten
     Other agents' rows: s = exp(mean over the L_k learner tokens of log pi_k - source sum / L_j),
     loss -clip(s, lo_m, 1) * sg(s)^alpha * A, with lo_m = `batch.cross_clip_lower`, the bound of this update
     (`cross_clip_lower_bound`: min(1, 1 - delta + m * delta_step), or a fitted one, beyond the paper).
-    Switches: `cross_clip=False` (no cross clip ablation), `stepwise_clip=False` (constant lo = 1 - delta).
+    Switch: `cross_clip=False` (no cross clip ablation); the stepwise one (constant lo = 1 - delta when off) is
+    in the bound the batch carries.
     """
     logp, mask, is_cross, lower = batch.logp, batch.mask, batch.is_cross.bool(), batch.cross_clip_lower
     check_sequence_batch(logp, mask, old_seq_logp=batch.old_seq_logp, advantages=batch.advantages, is_cross=is_cross)

@@ -153,7 +153,6 @@ class RolloutPipeline:
         return payload[0]
 
 
-
 class ReplayedRollouts:
     """run.mode train_only: each step's answers and rewards as an earlier run saved them (--save-rollouts), read
     from `folder` (rollout/replay.py); no engine, no reward actor. The same interface as RolloutPipeline, so the
@@ -173,6 +172,7 @@ class ReplayedRollouts:
 
     def sampler_state(self) -> dict:
         return self.sampler.state_dict()
+
 
 def held_out_scores(cfg: Any, agents: RunAgents, eval_set: list, reward_actor: Any, options: Any,
                     done: int) -> Dict[str, List[float]]:

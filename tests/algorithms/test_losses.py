@@ -26,7 +26,7 @@ def _params(spec="hacpo", **overrides) -> LossParams:
 
 def hacpo_policy_loss(logp, mask, old_seq_logp, advantages, is_cross, *, update_index, cross_clip=True,
                       stepwise_clip=True, fitted_lower=None, num_global_seqs=None, **hyperparameters):
-    params = dataclasses.replace(_params(**hyperparameters), cross_clip=cross_clip, stepwise_clip=stepwise_clip)
+    params = dataclasses.replace(_params(**hyperparameters), cross_clip=cross_clip)
     lower = cross_clip_lower_bound(update_index, params.delta, params.delta_step, stepwise=stepwise_clip,
                                    fitted=fitted_lower)
     batch = PolicyBatch(logp, mask, advantages, old_seq_logp, is_cross, cross_clip_lower=lower,
