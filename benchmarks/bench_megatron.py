@@ -133,6 +133,11 @@ def result_row(model: str, vocab: int, backend: str, kind: str, times: List, tok
                 ms_all=[round(1000 * w, 1) for w, _ in times], cpu_ms_all=[round(1000 * c, 1) for _, c in times])
 
 
+def progress(rows: List[Dict]) -> str:
+    """Each backend's median ms, printed as soon as measured: a run cut short by its time limit keeps them."""
+    return ", ".join(f"{row['backend']} {row['ms']:.0f} ms" for row in rows)
+
+
 # ------------------------------------------------------------------------------------------------
 # Hugging Face side
 # ------------------------------------------------------------------------------------------------
@@ -186,7 +191,7 @@ def hf_train_update(model, optimizer, chunks, work: Workload, old_seq_logp: torc
                                     response_logits_only=response_logits_only)
         mask = torch.ones_like(logp, dtype=torch.bool)
         batch = PolicyBatch(logp, mask, work.advantages[rows].to(DEVICE), old_seq_logp[rows].to(DEVICE),
-                            torch.zeros(len(rows), dtype=torch.bool, device=DEVICE),
+                            torch.zeros(ids.shape[0], dtype=torch.bool, device=DEVICE),
                             num_global_seqs=len(work.sequences))
         loss, _ = gspo_policy_loss(batch, params)
         loss.backward()
@@ -276,7 +281,7 @@ def bench_model(name: str, hf_config: Dict, parallel, args) -> Tuple[List[Dict],
         **peers,
     }, **timing)
     rows += [result_row(label, vocab, backend, "logprob", t, work.tokens) for backend, t in times.items()]
-    print(f"[{label}] log-prob pass done", flush=True)
+    print(f"[{label}] log-prob pass done: " + progress(rows[-len(times):]), flush=True)
     if args.profile:
         profile_calls({megatron_label(k): partial(megatron_lp, k) for k in kernels}
                       | {"hf-response-logits": lambda: hf_logprob_pass(hf, chunks, work, True)} | peers,
@@ -307,7 +312,7 @@ def bench_model(name: str, hf_config: Dict, parallel, args) -> Tuple[List[Dict],
                                                        True)} if amp else {}),
     }, **timing)
     rows += [result_row(label, vocab, backend, "train", t, work.tokens) for backend, t in times.items()]
-    print(f"[{label}] training update done", flush=True)
+    print(f"[{label}] training update done: " + progress(rows[-len(times):]), flush=True)
     if args.profile:
         profile_calls({megatron_label(k): partial(megatron_update, k) for k in trainable}
                       | {"hf-response-logits": lambda: hf_train_update(hf, optimizer, chunks, work, old_seq_logp, True)}

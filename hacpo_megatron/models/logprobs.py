@@ -72,7 +72,17 @@ def token_logprobs_from_logits(
     return -vocab_parallel_cross_entropy(logits, targets, tp_group=tp_group)
 
 
-CHUNK_ELEMENTS = 1 << 20  # fp32 logits per chunk (4 MB): a chunk's temporaries stay in the CPU's cache
+CHUNK_ELEMENTS = 1 << 20  # fp32 logits per chunk on a CPU (4 MB): a chunk's temporaries stay in its cache
+# On a GPU a chunk costs kernel launches (about six per chunk and pass), not cache misses: with 4 MB chunks
+# Qwen3's 150k-word vocabulary made a micro-batch 512 chunks, and its log-prob pass on an H200 took 2.5x the wall
+# time of transformers' for the same GPU time (the CPU launching, docs/gpu.md). 256 MB of fp32 a chunk there.
+ACCELERATOR_CHUNK_ELEMENTS = 1 << 26
+
+
+def chunk_rows(vocab: int, device: torch.device) -> int:
+    """Rows of [N, vocab] logits that TargetLogProb turns to fp32 at once on this device."""
+    elements = CHUNK_ELEMENTS if device.type == "cpu" else ACCELERATOR_CHUNK_ELEMENTS
+    return max(1, elements // vocab)
 
 
 class TargetLogProb(torch.autograd.Function):
@@ -94,7 +104,7 @@ class TargetLogProb(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits: torch.Tensor, targets: torch.Tensor, temperature: float) -> torch.Tensor:
         dtype = torch.promote_types(logits.dtype, torch.float32)  # bf16 logits: fp32 log-probs, as before
-        rows = max(1, CHUNK_ELEMENTS // logits.shape[-1])
+        rows = chunk_rows(logits.shape[-1], logits.device)
         ctx.rows, ctx.temperature = rows, temperature
         if logits.dtype == dtype:
             scaled = logits.div(temperature)

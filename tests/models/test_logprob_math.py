@@ -49,6 +49,19 @@ def test_target_logprob_value_and_gradient_match_the_composed_float64_reference(
     torch.testing.assert_close(logits.grad, reference_logits.grad, rtol=0, atol=1e-12)
 
 
+def test_chunks_are_cache_sized_on_a_cpu_and_few_on_a_gpu():
+    """A GPU pays a kernel launch per chunk op: Qwen3's 151,936-word logits of a 3,072-token micro-batch were 512
+    chunks when a GPU chunked them like a CPU cache (launch-bound on an H200); a CPU keeps its 4 MB chunks."""
+    from hacpo_megatron.models.logprobs import CHUNK_ELEMENTS, chunk_rows
+
+    vocab, tokens = 151_936, 3_072
+    assert chunk_rows(vocab, torch.device("cpu")) * vocab <= CHUNK_ELEMENTS
+    assert -(-tokens // chunk_rows(vocab, torch.device("cpu"))) > 500
+    assert -(-tokens // chunk_rows(vocab, torch.device("cuda"))) <= 8
+    assert chunk_rows(vocab, torch.device("cuda")) * vocab * 4 <= 512 * 2**20  # fp32 temporaries stay bounded
+    assert chunk_rows(10**9, torch.device("cuda")) == 1
+
+
 def test_target_logprob_gives_bf16_logits_a_bf16_gradient_and_refuses_a_second_backward():
     from hacpo_megatron.models.logprobs import TargetLogProb
 
