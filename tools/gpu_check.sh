@@ -7,18 +7,19 @@
 # Every log, JSON and the run's metrics end up in $OUT/gpu_check.tgz (one file: the device tool returns few).
 #
 # Stages (each bounded by a timeout, each writing its log into $OUT, none stopping the next):
-#   bench      benchmarks/bench_megatron.py: log-prob pass and training update of the tiny agent and of
-#              Qwen3-1.7B's shape (random init, bf16) against transformers on the same GPU (bf16 weights, and the
+#   bench      benchmarks/bench_megatron.py: log-prob pass and training update at Qwen3-1.7B's shape (MODELS;
+#              add `tiny` for the launch-bound end; random init, bf16) against transformers on the same GPU (bf16 weights, and the
 #              like-for-like peer: fp32 weights under bf16 autocast, fused AdamW), with MFU against a bf16 GEMM
 #              timed in the same run; megatron with every train.attention kernel (KERNELS). Alone on the GPU: it
 #              is the only timed stage besides transport.
-#   profile    the same at Qwen3-1.7B's shape, one call of each backend under torch.profiler: top kernels and
-#              modules by device time ($OUT/profile/*.txt)
+#   profile    the same at Qwen3-1.7B's shape, one call of each backend (megatron: PROFILE_KERNELS, default auto)
+#              under torch.profiler: top kernels and modules by device time ($OUT/profile/*.txt)
 #   before     bench at Qwen3-1.7B's shape from the code before issue 42 (.gpu/before: `git archive 45babae
 #              hacpo_megatron benchmarks | tar x -C .gpu/before`, carried with the call), in the same lease
 #   run        the default config end to end (embedded engines on the GPU, NCCL/gloo as the machine allows),
 #              a checkpoint, then --resume for two more steps; nvidia-smi samples GPU memory meanwhile.
-#   tests      the unit, model, layout and trainer tests on CUDA.
+#   tests      the unit, model, layout and trainer tests on CUDA, the torchrun ones first (TESTS: files), verbose,
+#              interrupted with SIGINT at TESTS_S so that pytest still prints which failed and why.
 #   transport  benchmarks/bench_rollout.py --preset qwen3-1.7b-base: weight pushes into an embedded engine
 #              actor on the same GPU through object_store, process_group and cuda_ipc, every push checked.
 #   staleness  benchmarks/bench_staleness.py on the default config: k = 0 and k = 1 (rollout one step ahead of
@@ -53,7 +54,7 @@ python3 -c "import torch, transformers, megatron.core, ray; print('torch', torch
 SHAPE="--sequences 32 --prompt-length 128 --response-length 384 --micro-batch 8"
 bench() {
   say "bench"
-  timeout "${BENCH_S:-240}" python3 benchmarks/bench_megatron.py --models tiny qwen3-1.7b $SHAPE --repeats 3 --warmup 1 \
+  timeout "${BENCH_S:-240}" python3 benchmarks/bench_megatron.py --models ${MODELS:-qwen3-1.7b} $SHAPE --repeats 3 --warmup 1 \
     --attention ${KERNELS:-auto local sdpa flex} --json "$OUT/bench.json" >"$OUT/bench.log" 2>&1
   echo "bench rc $?"; tail -n 30 "$OUT/bench.log"
 }
@@ -61,7 +62,7 @@ bench() {
 profile() {
   say "profile"
   timeout "${PROFILE_S:-180}" python3 benchmarks/bench_megatron.py --models qwen3-1.7b $SHAPE --repeats 1 --warmup 1 \
-    --attention ${KERNELS:-auto local} --profile "$OUT/profile" >"$OUT/profile.log" 2>&1
+    --attention ${PROFILE_KERNELS:-auto} --profile "$OUT/profile" >"$OUT/profile.log" 2>&1
   echo "profile rc $?"; tail -n 5 "$OUT/profile.log"; head -n 45 "$OUT"/profile/*_train.txt
 }
 
@@ -90,11 +91,15 @@ run() {
   tail -n 30 "$OUT/run.log"
 }
 
+# The tests whose workers run under torchrun (what errored on the first GPU), first: pytest runs a file once
+TORCHRUN_TESTS="tests/models/test_layouts.py tests/models/test_gemma3.py tests/training/test_trainer.py
+tests/parallel/test_agents_in_one_world.py"
 tests() {
   say "tests"
-  timeout "${TESTS_S:-240}" python3 -m pytest -q -p no:cacheprovider tests/algorithms tests/models tests/parallel \
-    tests/training/test_trainer.py -m "not vllm and not real_weights" --timeout 120 -rfE >"$OUT/tests.log" 2>&1
-  echo "tests rc $?"; tail -n 40 "$OUT/tests.log"
+  timeout -s INT -k 20 "${TESTS_S:-240}" python3 -m pytest -v --tb=short -p no:cacheprovider ${TESTS:-$TORCHRUN_TESTS \
+    tests/algorithms tests/models tests/parallel tests/training/test_trainer.py} -m "not vllm and not real_weights" \
+    --timeout 120 -rfE >"$OUT/tests.log" 2>&1
+  echo "tests rc $?"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tests.log" | tail -n 40
 }
 
 transport() {
