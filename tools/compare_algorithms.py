@@ -15,6 +15,8 @@ its runs go to OUT/LABEL/). SPEC is a ';'-separated list of items, each either a
 variant. `LABEL=` alone is --config as it is. --set KEY=VALUE (repeatable) applies to every variant, before the
 variant's own overrides (e.g. `--set run.total_steps=10` for a quick study). run.seed comes from --seeds only.
 --baseline LABEL: the variant the others are compared with, seed by seed (optional).
+--compare A:B (repeatable): one more paired difference A - B, seed by seed (e.g. two variants neither of which is
+    the baseline).
 --only LABEL:SEED (repeatable): run just these cells; the table still reads every cell under OUT.
 --dry-run: check everything, print each cell's state and the command it would run; run and write nothing.
 --report: run nothing; write results.md and accuracy.png from the cells as they are (unfinished ones shown so):
@@ -482,16 +484,19 @@ def accuracy_rows(results: Sequence[CellResult], labels: Sequence[str]) -> List[
 def paired_rows(results: Sequence[CellResult], labels: Sequence[str], baseline: str) -> List[Row]:
     """Per variant (not the baseline) and agent: variant - baseline seed by seed, over the seeds where both
     cells finished, with the 95% CI of the mean difference (a paired t interval)."""
-    base = {(r.cell.seed, agent): value for r in results if r.cell.variant.label == baseline
+    return [row for label in labels if label != baseline for row in difference_rows(results, label, baseline)]
+
+
+def difference_rows(results: Sequence[CellResult], label: str, other: str) -> List[Row]:
+    """Per agent of `label`: label - other seed by seed, over the seeds where both cells finished, with the 95% CI
+    of the mean difference (paired t). Row.label is `label`."""
+    base = {(r.cell.seed, agent): value for r in results if r.cell.variant.label == other
             for agent, value in r.final.items()}
     rows = []
-    for label in labels:
-        if label == baseline:
-            continue
-        for agent in variant_agents(results, label):
-            per_seed = tuple((r.cell.seed, r.final[agent] - base[(r.cell.seed, agent)]) for r in results
-                             if r.cell.variant.label == label and agent in r.final and (r.cell.seed, agent) in base)
-            rows.append(Row(label, agent, mean_ci([d for _, d in per_seed]), per_seed))
+    for agent in variant_agents(results, label):
+        per_seed = tuple((r.cell.seed, r.final[agent] - base[(r.cell.seed, agent)]) for r in results
+                         if r.cell.variant.label == label and agent in r.final and (r.cell.seed, agent) in base)
+        rows.append(Row(label, agent, mean_ci([d for _, d in per_seed]), per_seed))
     return rows
 
 
@@ -542,7 +547,7 @@ def code_version(folder: str) -> str:
 
 def results_markdown(results: Sequence[CellResult], labels: Sequence[str], baseline: Optional[str],
                      rerun: Mapping[str, str], *, base_config: str, seeds: Sequence[int], workdir: str,
-                     study_command: Optional[str] = None) -> str:
+                     study_command: Optional[str] = None, comparisons: Sequence[Tuple[str, str]] = ()) -> str:
     """results.md: accuracy table, paired differences, cell states, and how to rerun each cell."""
     lines = ["# Study results", "",
              f"Written {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC. Base config "
@@ -578,6 +583,18 @@ def results_markdown(results: Sequence[CellResult], labels: Sequence[str], basel
             mean, interval = _estimate_text(row.estimate, signed=True)
             table.append([f"{row.label} - {baseline}", row.agent, mean, interval, str(row.estimate.n),
                           _per_seed_text(row.per_seed, signed=True)])
+        lines += _markdown_table(["comparison", "agent", "difference (mean ± 95% CI)", "95% CI", "pairs",
+                                  "per seed"], table)
+    if comparisons:
+        lines += ["", "## Other paired differences (--compare)", "",
+                  "A - B on the same seed, over the seeds where both finished; 95% CI of the mean difference "
+                  "(paired t).", ""]
+        table = []
+        for label, other in comparisons:
+            for row in difference_rows(results, label, other):
+                mean, interval = _estimate_text(row.estimate, signed=True)
+                table.append([f"{label} - {other}", row.agent, mean, interval, str(row.estimate.n),
+                              _per_seed_text(row.per_seed, signed=True)])
         lines += _markdown_table(["comparison", "agent", "difference (mean ± 95% CI)", "95% CI", "pairs",
                                   "per seed"], table)
     clip_sections = [(label, clip_table(results, label)) for label in labels]
@@ -727,6 +744,7 @@ class Study:
     seeds: List[int]
     out: Path
     baseline: Optional[str] = None
+    comparisons: List[Tuple[str, str]] = field(default_factory=list)  # --compare A:B, paired like the baseline
     common_overrides: List[str] = field(default_factory=list)
     only: List[Tuple[str, int]] = field(default_factory=list)
     command: Optional[str] = None  # how this study was started, for results.md
@@ -754,6 +772,11 @@ def check_study(study: Study, resolve: Optional[Resolve]) -> None:
         raise StudyInputError(f"--seeds repeat: {' '.join(map(str, study.seeds))}")
     if study.baseline is not None and study.baseline not in labels:
         raise StudyInputError(f"--baseline {study.baseline}: not among the variants ({', '.join(labels)})")
+    for label, other in study.comparisons:
+        unknown = [x for x in (label, other) if x not in labels]
+        if unknown or label == other:
+            raise StudyInputError(f"--compare {label}:{other}: " + (f"{', '.join(unknown)} not among the variants "
+                                  f"({', '.join(labels)})" if unknown else "a variant against itself"))
     for override in study.common_overrides:
         if "=" not in override or not OVERRIDE_KEY.match(override.split("=", 1)[0].strip()):
             raise StudyInputError(f"--set {override!r}: expected KEY=VALUE")
@@ -805,7 +828,8 @@ def run_study(study: Study, *, launch: Launch = run_launcher, resolve: Optional[
     rerun = {c.name: shlex.join(launcher_command(c, study.common_overrides, python=_shown_python(python)))
              .replace(str(study.out), shown) for c in cells}
     text = results_markdown(results, study.labels, study.baseline, rerun, base_config=study.base_config,
-                            seeds=study.seeds, workdir=os.getcwd(), study_command=study.command)
+                            seeds=study.seeds, workdir=os.getcwd(), study_command=study.command,
+                            comparisons=study.comparisons)
     (study.out / RESULTS_FILE).write_text(text, encoding="utf-8")
     plot_accuracy(results, study.labels, study.baseline, study.out / PLOT_FILE)
     echo(text)
@@ -919,6 +943,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="a variant: SPEC is ';'-separated KEY=VALUE overrides and/or one config file")
     parser.add_argument("--seeds", nargs="+", type=int, required=True, metavar="N", help="run.seed of each cell")
     parser.add_argument("--baseline", default=None, metavar="LABEL", help="the variant others are paired with")
+    parser.add_argument("--compare", dest="comparisons", action="append", default=[], metavar="A:B",
+                        help="one more paired difference, A - B seed by seed (repeatable)")
     parser.add_argument("--out", required=True, help="the study folder (OUT/LABEL/seedN/, results.md, accuracy.png)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="an override for every variant")
@@ -930,11 +956,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def parse_comparison(text: str) -> Tuple[str, str]:
+    """--compare A:B -> (A, B)."""
+    label, sep, other = text.partition(":")
+    if not sep or not label.strip() or not other.strip():
+        raise StudyInputError(f"--compare {text!r}: expected A:B, two variant labels")
+    return label.strip(), other.strip()
+
+
 def study_from_args(args: argparse.Namespace, command: Optional[str] = None) -> Study:
     if not Path(args.config).is_file():
         raise StudyInputError(f"--config {args.config}: no such file")
     return Study(base_config=args.config, variants=[parse_variant(text, args.config) for text in args.variants],
                  seeds=list(args.seeds), out=Path(args.out), baseline=args.baseline,
+                 comparisons=[parse_comparison(text) for text in args.comparisons],
                  common_overrides=list(args.overrides), only=[parse_cell_ref(text) for text in args.only],
                  command=command)
 

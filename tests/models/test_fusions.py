@@ -33,6 +33,7 @@ def test_a_gpu_config_switches_on_megatrons_compiled_fusions_and_a_cpu_config_do
     """SwiGLU families fuse the activation on a GPU; Gemma 3's GeGLU (gelu_tanh, which megatron's fused kernels do
     not know) keeps the torch ops; bias-dropout-add fuses for both. A CPU config fuses nothing."""
     arch = read_architecture(PRESETS[preset])
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # a CPU machine, even where a GPU is present
     cpu = transformer_config(arch)
     assert not cpu.bias_activation_fusion and not cpu.bias_dropout_fusion
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)

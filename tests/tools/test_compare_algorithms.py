@@ -297,6 +297,21 @@ def test_report_runs_nothing_and_tabulates_the_cells_as_they_are(tool, tmp_path,
     assert "| 2 | 1: " in text  # two pairs per comparison
 
 
+def test_compare_adds_paired_differences_between_any_two_variants(tool, tmp_path):
+    """--compare A:B: A - B seed by seed, like the baseline's pairs, for variants the baseline does not pair."""
+    for seed in (1, 2, 3):
+        write_run(tmp_path / "hacpo" / f"seed{seed}", "hacpo", seed)
+        write_run(tmp_path / "gspo" / f"seed{seed}", "gspo", seed)
+    assert run_tool(tool, study_args(tmp_path, "--report", "--compare", "gspo:hacpo"), FakeLauncher()) == 0
+    text = (tmp_path / "results.md").read_text()
+    for agent in AGENTS:
+        mean, half = _ci([FINAL[("gspo", s, agent)] - FINAL[("hacpo", s, agent)] for s in (1, 2, 3)], 4.302653)
+        assert f"| gspo - hacpo | {agent} | {mean:+.3f} ± {half:.3f} | [{mean - half:+.3f}, {mean + half:+.3f}] | 3 |" \
+            in text
+        mean, _ = _ci([FINAL[("hacpo", s, agent)] - FINAL[("gspo", s, agent)] for s in (1, 2, 3)], 4.302653)
+        assert f"| hacpo - gspo | {agent} | {mean:+.3f} ±" in text  # the baseline's table as before
+
+
 # ---------------------------------------------------------------------------------------- commands and input
 def test_launcher_command(tool, tmp_path):
     variants = [tool.parse_variant("hacpo=", BASE), tool.parse_variant(f"naive={NAIVE};algorithm.alpha=3", BASE),
@@ -323,6 +338,9 @@ def test_launcher_command(tool, tmp_path):
     (lambda a: [v if v != "gspo" else "grpo" for v in a], "--baseline grpo: not among the variants"),
     (lambda a: a + ["--only", "hacpo:9"], "no such cell"),
     (lambda a: a + ["--only", "hacpo"], "expected LABEL:SEED"),
+    (lambda a: a + ["--compare", "hacpo:grpo"], "--compare hacpo:grpo: grpo not among the variants"),
+    (lambda a: a + ["--compare", "hacpo:hacpo"], "a variant against itself"),
+    (lambda a: a + ["--compare", "hacpo"], "expected A:B"),
     (lambda a: a + ["--seeds", "1", "1"], "--seeds repeat"),
     (lambda a: a[: a.index("--seeds")] + a[a.index("--seeds") + 4:], "--seeds"),  # required
 ])
