@@ -52,7 +52,7 @@ from hacpo_megatron.checkpoint.integrity import write_manifest
 from hacpo_megatron import megatron_cpu
 from hacpo_megatron.models.architectures import Architecture, HFConfig, read_architecture
 from hacpo_megatron.models.build import AgentModel, build_agent_model
-from hacpo_megatron.models.presets import fewer_kv_heads_than_tp
+from hacpo_megatron.models.presets import layout_problems
 from hacpo_megatron.parallel.groups import AgentParallel
 
 PathLike = Union[str, os.PathLike]
@@ -577,12 +577,9 @@ def check_parallel_layout(arch: Architecture, tensor_parallel: int, pipeline_par
     """ValueError unless TP divides the attention and key/value heads and PP divides the layers."""
     if tensor_parallel < 1 or pipeline_parallel < 1:
         raise ValueError(f"TP and PP must be >= 1, got TP={tensor_parallel}, PP={pipeline_parallel}")
-    if arch.num_attention_heads % tensor_parallel or arch.num_query_groups % tensor_parallel:
-        raise ValueError(f"TP={tensor_parallel} does not divide the attention heads ({arch.num_attention_heads}) "
-                         f"and key/value heads ({arch.num_query_groups}) of this {arch.hf_architecture}"
-                         + fewer_kv_heads_than_tp(arch.num_query_groups, tensor_parallel))
-    if arch.num_layers % pipeline_parallel:
-        raise ValueError(f"PP={pipeline_parallel} does not divide the {arch.num_layers} layers")
+    problems = layout_problems(arch.layout_shape, tensor_parallel, pipeline_parallel, arch.hf_architecture)
+    if problems:
+        raise ValueError("; ".join(problems.values()))
 
 
 def architecture_of_checkpoint(folder: PathLike) -> Architecture:

@@ -392,15 +392,8 @@ def _validate_agent(agent: AgentConfig, path: Path, where: _Where, errors: List[
     except (ValueError, KeyError, OSError) as exc:
         errors.append(f"{where(path + ('model',))}: {exc}")
         return
-    if p.tensor >= 1:
-        heads, kv = shape["num_attention_heads"], shape["num_key_value_heads"]
-        _check(heads % p.tensor == 0 and kv % p.tensor == 0, errors, where, path + ("parallel", "tensor"),
-               f"TP={p.tensor} must divide the attention heads ({heads}) and key/value heads ({kv}) of {agent.model}"
-               + presets.fewer_kv_heads_than_tp(kv, p.tensor))
-    if p.pipeline >= 1:
-        layers = shape["num_hidden_layers"]
-        _check(layers % p.pipeline == 0, errors, where, path + ("parallel", "pipeline"),
-               f"PP={p.pipeline} must divide the {layers} layers of {agent.model}")
+    for key, problem in presets.layout_problems(shape, p.tensor, p.pipeline, agent.model).items():
+        errors.append(f"{where(path + ('parallel', key))}: {problem}")
 
 
 def _resolve_model_names(cfg: Config, where: _Where, errors: List[str]) -> None:

@@ -83,6 +83,12 @@ class Architecture:
     sliding_rope_theta: Optional[float] = None  # RoPE base of the sliding layers (`rope_theta` is the full ones')
 
     @property
+    def layout_shape(self) -> Dict[str, int]:
+        """What a TP x PP layout must divide (presets.layout_problems)."""
+        return {"num_attention_heads": self.num_attention_heads, "num_key_value_heads": self.num_query_groups,
+                "num_hidden_layers": self.num_layers}
+
+    @property
     def softmax_scale(self) -> Optional[float]:
         """The attention scale megatron must use; None: its default 1/sqrt(head_dim)."""
         return None if self.query_pre_attn_scalar is None else self.query_pre_attn_scalar ** -0.5

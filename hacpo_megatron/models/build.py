@@ -24,7 +24,7 @@ from hacpo_megatron.models.architectures import (
     transformer_engine_available,
 )
 from hacpo_megatron.models.attention import resolve_attention
-from hacpo_megatron.models.presets import fewer_kv_heads_than_tp
+from hacpo_megatron.models.presets import layout_problems
 from hacpo_megatron.parallel.groups import AgentParallel
 
 # Megatron pads the vocabulary so each TP shard of the embedding/output has a multiple of 128 rows
@@ -85,13 +85,9 @@ def seed_model_parallel_rng(seed: int, parallel: AgentParallel) -> None:
 
 def check_layout(arch: Architecture, parallel: AgentParallel) -> None:
     """ValueError if the model cannot be split this way (heads over TP, layers over PP)."""
-    tp, pp = parallel.tp_size, parallel.pp_size
-    if arch.num_attention_heads % tp or arch.num_query_groups % tp:
-        raise ValueError(f"{parallel.name}: TP={tp} must divide attention heads ({arch.num_attention_heads}) "
-                         f"and key/value heads ({arch.num_query_groups})"
-                         + fewer_kv_heads_than_tp(arch.num_query_groups, tp))
-    if arch.num_layers % pp:
-        raise ValueError(f"{parallel.name}: PP={pp} must divide the number of layers ({arch.num_layers})")
+    problems = layout_problems(arch.layout_shape, parallel.tp_size, parallel.pp_size, arch.hf_architecture)
+    if problems:
+        raise ValueError(f"{parallel.name}: " + "; ".join(problems.values()))
 
 
 def build_agent_model(

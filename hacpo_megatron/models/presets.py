@@ -106,6 +106,20 @@ def attention_shape(hf_config: Dict[str, Any]) -> Dict[str, int]:
     }
 
 
+def layout_problems(shape: Dict[str, int], tp: int, pp: int, model: str) -> Dict[str, str]:
+    """Why TP x PP cannot split a model of this shape (`shape_of`), by the layout key it breaks ("tensor",
+    "pipeline"); empty where it fits. The one layout check, for the config loader (which names the file, line and
+    key), the model builder and the conversion tools. A TP or PP below 1 is the callers' range check, not this."""
+    heads, kv, layers = shape["num_attention_heads"], shape["num_key_value_heads"], shape["num_hidden_layers"]
+    problems = {}
+    if tp >= 1 and (heads % tp or kv % tp):
+        problems["tensor"] = (f"TP={tp} must divide the attention heads ({heads}) and key/value heads ({kv}) "
+                              f"of {model}" + fewer_kv_heads_than_tp(kv, tp))
+    if pp >= 1 and layers % pp:
+        problems["pipeline"] = f"PP={pp} must divide the {layers} layers of {model}"
+    return problems
+
+
 def fewer_kv_heads_than_tp(kv_heads: int, tp: int) -> str:
     """The end of a layout error when TP exceeds the key/value heads (Gemma 3 270M has one): why, and what works."""
     if kv_heads >= tp:

@@ -113,15 +113,6 @@ class EngineActor:
         device = getattr(self.engine, "device", None)
         return device.index if isinstance(device, torch.device) and device.type == "cuda" else None
 
-    def crash_in_next_bucket(self) -> None:
-        """Fault injection for tests: the next bucket of weights ends this process in the middle of
-        the update, as the loss of the engine's own process does (`restarts_when_engine_lost`)."""
-        self._crash_in_next_bucket = True
-
-    def _crash_if_asked(self) -> None:
-        if getattr(self, "_crash_in_next_bucket", False):
-            os._exit(1)
-
     def holds_weights(self) -> bool:
         """Has a whole weight update arrived in this process (False in an actor Ray just restarted)?"""
         return self._weights_complete
@@ -146,7 +137,6 @@ class EngineActor:
 
     @restarts_when_engine_lost
     def update_weights(self, payload: bytes) -> None:
-        self._crash_if_asked()
         self.engine.update_weights(_unpack(payload))
 
     @restarts_when_engine_lost
@@ -169,7 +159,6 @@ class EngineActor:
 
     @restarts_when_engine_lost
     def receive_bucket(self, header) -> None:
-        self._crash_if_asked()
         self.engine.receive_bucket(header)
 
     @restarts_when_engine_lost
@@ -264,18 +253,11 @@ class RewardActor:
         from hacpo_megatron.rewards import RewardPool, load_reward_function
 
         self.pool = RewardPool(load_reward_function(function), num_workers=num_workers, timeout_s=timeout_s)
-        self._crash_in_next_call = False
-
-    def crash_in_next_call(self) -> None:
-        """Fault injection for tests: the next `score` ends this process mid-call, as a crash would."""
-        self._crash_in_next_call = True
 
     def pid(self) -> int:
         return os.getpid()
 
     def score(self, items: list) -> Tuple[List[float], Dict[str, float]]:
-        if self._crash_in_next_call:
-            os._exit(1)
         return self.pool.score(items)
 
     def close(self) -> None:

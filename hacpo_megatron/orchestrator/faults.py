@@ -1,9 +1,12 @@
 """Faults a test injects into a run, as one plan: engines and the reward actor killed at chosen moments, and a
 leak for the soak tool's test. A user's run has none (`NO_FAULTS`); the main job's hidden --kill-* and
 --leak-mib-per-step flags build one (hacpo_megatron/entry.py), and the loop and the rollout pipeline call its
-hooks by name, each a no-op unless the plan names that moment. Kills act on rank 0, which drives the actors."""
+hooks by name, each a no-op unless the plan names that moment. Kills act on rank 0, which drives the actors; a
+death inside an actor's own call is planted from here (Ray's `__ray_call__`), so no production actor carries a
+method for it."""
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 from typing import Any, List, Optional
@@ -17,6 +20,21 @@ def kill_actor(handle: Any) -> None:
     """End the actor's process as a crash would (Ray restarts it)."""
     ray.kill(handle, no_restart=False)
     time.sleep(1.0)
+
+
+def _exit_process(*_args: Any, **_kwargs: Any) -> None:
+    os._exit(1)
+
+
+def _die_at_next_bucket(engine_actor: Any) -> None:
+    """Run inside an EngineActor: the next bucket of weights its engine receives, over any transport but CUDA
+    IPC, ends the process in the middle of the update, as the loss of the engine's own process does."""
+    engine_actor.engine.update_weights = engine_actor.engine.receive_bucket = _exit_process
+
+
+def _die_in_next_score(reward_actor: Any) -> None:
+    """Run inside the RewardActor: its next scoring call ends the process mid-call."""
+    reward_actor.pool.score = _exit_process
 
 
 @dataclass(frozen=True)
@@ -41,12 +59,12 @@ class FaultPlan:
     def before_weight_push(self, step: int, agents) -> None:
         """Rank 0, before the step's updates: agent 0's engine ends itself at the next bucket it receives."""
         if self.kill_engine_in_sync_at_step == step:
-            ray.get(agents.engines[0].crash_in_next_bucket.remote())
+            ray.get(agents.engines[0].__ray_call__.remote(_die_at_next_bucket))
 
     def before_scoring(self, step: int, reward_actor) -> None:
         """Rank 0: the reward actor ends itself inside the scoring call that follows."""
         if self.kill_reward_at_step == step:
-            ray.get(reward_actor.crash_in_next_call.remote())
+            ray.get(reward_actor.__ray_call__.remote(_die_in_next_score))
 
     def in_evaluation(self, done: int, attempt: int, agents) -> None:
         """Rank 0, the held-out generation after step `done` launched (its first attempt only)."""

@@ -31,7 +31,7 @@ from hacpo_megatron.bridge import render_prompts
 from hacpo_megatron.orchestrator.actors import call_with_restarts
 from hacpo_megatron.orchestrator.generation_schedule import GenerationSchedule, PhaseClock
 from hacpo_megatron.orchestrator.run_agents import RunAgents
-from hacpo_megatron.orchestrator.weight_delivery import ENGINE_RETRIES, push_all_weights, restore_restarted_engines
+from hacpo_megatron.orchestrator.weight_delivery import ENGINE_RETRIES, restore_engines
 from hacpo_megatron.rewards import RewardItem
 from hacpo_megatron.rollout.base import EngineWithoutWeights, SamplingParams
 from hacpo_megatron.rollout.replay import load_step
@@ -69,6 +69,7 @@ class RolloutPipeline:
 
     def step_rollouts(self, step: int, times: Dict[str, float]) -> StepRollouts:
         """Step `step`'s answers and rewards on every rank (launching the steps up to `step` + k first)."""
+        restore_engines(self.agents, self.options.weight_check)  # an engine Ray restarted since its last push
         self.clock.learners_stop(time.time())  # the previous step's update, push and metrics are done
         self.schedule.launch_up_to(step, trained=step)
         work = self.schedule.take(step)
@@ -125,7 +126,7 @@ class RolloutPipeline:
             if rank == 0:
                 print(f"step {step + 1}: the engines of {[agents.names[k] for k in failed]} died while generating: "
                       "pushing their weights to the restarted engines, then generating again", flush=True)
-            push_all_weights(agents, self.options.weight_check, only=failed)
+            restore_engines(agents, self.options.weight_check, restarted=failed)
             for k in failed:
                 generated_by[k] = step
             payload = [None]
@@ -189,7 +190,7 @@ def held_out_scores(cfg: Any, agents: RunAgents, eval_set: list, reward_actor: A
     pending = list(range(len(agents.configs)))
     answers: Dict[int, Any] = {}
     for attempt in range(ENGINE_RETRIES + 1):
-        restore_restarted_engines(agents, options.weight_check)  # restarted since their last push: weights again
+        restore_engines(agents, options.weight_check)  # restarted since their last push: weights again
         failed: List[Any] = [None]
         if rank == 0:
             handles = {k: agents.engines[k].generate.remote(render_prompts(agents.tokenizers[k], eval_set), params)

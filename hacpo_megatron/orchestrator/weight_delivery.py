@@ -1,19 +1,20 @@
 """Every agent's new weights into its rollout engine, even when an engine dies on the way.
 
-    push_weights(agents, k, check)        one agent's push (its ranks together); its figures
-    push_all_weights(agents, check)       every hosted agent's, at start-up or after engines restarted
-    resend_to_lost_engines(agents, ...)   after a step's pushes: push again where an engine was lost
-    restore_restarted_engines(agents, check)   before a step or an evaluation: push again to engines
-                                          Ray restarted unseen, between calls (they hold no weights)
+    deliver_weights(agents, updated, check)   the loop's one weight call: at start-up every hosted agent, after
+                                              each step the agents that trained; pushed again where an engine
+                                              died during its push
+    restore_engines(agents, check[, restarted])   before generating (the rollout pipeline, an evaluation):
+                                              weights again to engines Ray restarted, named or found unseen
 
 An engine's process can die in the middle of a push (vLLM's engine core killed for its memory, a
 node lost). Only the agent's engine rank sees it (`rollout/weight_sync.py` finishes the stream and
 reports `engine_losses`); Ray restarts the engine actor without weights. So the ranks first agree
 on the lost agents (one all-gather), then each lost agent's ranks push again together, up to
-ENGINE_RETRIES times. `agents` is the training loop's `Agents` (training/loop.py).
+ENGINE_RETRIES times. `agents` is the training loop's `Agents` (training/agents.py), seen as RunAgents.
 """
 from __future__ import annotations
 
+import time
 from typing import Dict, Iterable, List, Optional, Sequence
 
 import torch.distributed as dist
@@ -26,7 +27,39 @@ ENGINE_RETRIES = 3  # a step's rollout or push is redone at most this often befo
 LOSSES = "weight_sync/engine_losses"
 
 
-def push_weights(agents: RunAgents, k: int, check: bool) -> Dict[str, float]:
+def deliver_weights(agents: RunAgents, updated: Iterable[int], check: bool) -> Dict[int, Dict[str, float]]:
+    """The weights of each agent in `updated` that this rank hosts, to its engine; then again to every engine
+    that died during its push, until each holds them. Collective: every rank calls it, an agent's ranks with the same
+    `updated` (each rank may name only the agents it hosts; they push in the order given).
+    `check`: compare the engine's weights with the trainer's after each push. Returns this rank's figures per
+    pushed agent: the delivering push's, the engine's losses on the way, the first push's `time/weight_sync`."""
+    pushed: Dict[int, Dict[str, float]] = {}
+    for k in updated:
+        if k in agents.hosted:
+            t = time.perf_counter()
+            pushed[k] = _push(agents, k, check)
+            pushed[k]["time/weight_sync"] = time.perf_counter() - t
+    _resend_to_lost_engines(agents, check, pushed)
+    return pushed
+
+
+def restore_engines(agents: RunAgents, check: bool, restarted: Optional[Sequence[int]] = None) -> None:
+    """Weights again to engines Ray restarted (they hold none): `restarted` (the same on every rank), or where
+    None every engine that says it holds no weights, restarted unseen since its last push (Ray's memory monitor
+    ends engines between calls when the node runs short). Collective: rank 0 asks the engine actors."""
+    if not agents.engines_running:
+        return
+    if restarted is None:
+        restarted = _engines_without_weights(agents)
+    if not restarted:
+        return
+    for k in restarted:
+        if k in agents.hosted:
+            _reconnect(agents, k)
+    deliver_weights(agents, restarted, check)
+
+
+def _push(agents: RunAgents, k: int, check: bool) -> Dict[str, float]:
     """Agent k's weights to its engine (every rank of k calls it); `check`: verify them after. Nothing to
     do where no engine runs (run.mode train_only)."""
     if not agents.engines_running:
@@ -38,20 +71,7 @@ def push_weights(agents: RunAgents, k: int, check: bool) -> Dict[str, float]:
     return metrics.as_dict()
 
 
-def push_all_weights(agents: RunAgents, check: bool, only: Optional[Sequence[int]] = None) -> None:
-    """Every hosted agent's weights to its engine; `only`: engines that were just restarted. Collective."""
-    if not agents.engines_running:
-        return
-    pushed = {}
-    for k in agents.hosted:
-        if only is None or k in only:
-            if only is not None:
-                _reconnect(agents, k)
-            pushed[k] = push_weights(agents, k, check)
-    resend_to_lost_engines(agents, check, pushed)
-
-
-def resend_to_lost_engines(agents: RunAgents, check: bool, pushed: Dict[int, Dict[str, float]]) -> None:
+def _resend_to_lost_engines(agents: RunAgents, check: bool, pushed: Dict[int, Dict[str, float]]) -> None:
     """Push again to every engine that died during its push in `pushed` ({agent: its metrics}, this
     rank's agents), until each has its weights. Collective. `pushed[k]` ends with the delivering
     push's figures and the count of the engine's losses on the way."""
@@ -72,7 +92,7 @@ def resend_to_lost_engines(agents: RunAgents, check: bool, pushed: Dict[int, Dic
             if k in agents.hosted:
                 _reconnect(agents, k)
                 losses = pushed[k][LOSSES]
-                pushed[k].update(push_weights(agents, k, check))
+                pushed[k].update(_push(agents, k, check))
                 if pushed[k][LOSSES]:
                     lost_here.add(k)
                 pushed[k][LOSSES] += losses
@@ -80,13 +100,9 @@ def resend_to_lost_engines(agents: RunAgents, check: bool, pushed: Dict[int, Dic
                        "weight pushes")
 
 
-def restore_restarted_engines(agents: RunAgents, check: bool) -> None:
-    """Push again to every engine that holds no weights: Ray restarted it after its last push (its
-    memory monitor ends engines when the node runs short), and its calls now reach a new process.
-    Collective: rank 0 asks every engine actor, then the agents' ranks push together."""
-    if not agents.engines_running:
-        return
-    missing = [None]
+def _engines_without_weights(agents: RunAgents) -> List[int]:
+    """Every agent whose engine holds no weights, on every rank (rank 0 asks, then broadcasts)."""
+    missing: List[Optional[List[int]]] = [None]
     if dist.get_rank() == 0:
         missing = [[k for k in range(len(agents.configs))
                     if not call_with_restarts(agents.engines[k], "holds_weights")]]
@@ -94,8 +110,7 @@ def restore_restarted_engines(agents: RunAgents, check: bool) -> None:
             print(f"the engines of {[agents.names[k] for k in missing[0]]} were restarted since their last weight "
                   "push: pushing their weights again", flush=True)
     dist.broadcast_object_list(missing, src=0)
-    if missing[0]:
-        push_all_weights(agents, check, only=missing[0])
+    return missing[0]
 
 
 def _union_over_ranks(mine: Iterable[int]) -> List[int]:

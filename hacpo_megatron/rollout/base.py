@@ -27,8 +27,9 @@ to the restarted engine instead of ending the run.
 from __future__ import annotations
 
 import abc
+import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterable, Iterator, List, Literal, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Literal, Optional, Sequence, Tuple
 
 import torch
 
@@ -200,14 +201,28 @@ def tensor_bytes(tensor: torch.Tensor) -> int:
     return tensor.numel() * tensor.element_size()
 
 
-def send_weights_in_buckets(engine, named_tensors: NamedTensors, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> int:
-    """Send a whole set of weights to any object with the engine's weight methods; returns the bucket count."""
-    engine.begin_weight_update()
+def send_weights_in_buckets(engine, named_tensors: NamedTensors, bucket_bytes: int = DEFAULT_BUCKET_BYTES, *,
+                            each_call: Optional[Callable[[Optional[WeightBucket], float], None]] = None) -> int:
+    """Send a whole set of weights to any object with the engine's weight methods; returns the bucket count.
+    `each_call(bucket, seconds)`: told of every engine call as it ends, one that raised included (bucket None for
+    begin and finish), for a sender's metrics."""
+    def timed(call: Callable[..., None], bucket: Optional[WeightBucket] = None) -> None:
+        start = time.perf_counter()
+        try:
+            if bucket is None:
+                call()
+            else:
+                call(bucket)
+        finally:
+            if each_call is not None:
+                each_call(bucket, time.perf_counter() - start)
+
+    timed(engine.begin_weight_update)
     count = 0
     for bucket in weight_buckets(named_tensors, bucket_bytes):
-        engine.update_weights(bucket)
+        timed(engine.update_weights, bucket)
         count += 1
-    engine.finish_weight_update()
+    timed(engine.finish_weight_update)
     return count
 
 

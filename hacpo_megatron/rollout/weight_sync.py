@@ -6,9 +6,10 @@ The path of one weight, from the trainer's shards to the engine:
         --Megatron->HF mapping--> HF tensors --buckets of <= bucket_bytes--> engine.update_weights
 
 `checkpoint/hf_mapping.iter_hf_tensors` does the first three steps one tensor at a time, so at most
-one full tensor plus one bucket is held at once, whatever the model's size. This module groups the
-stream into buckets and drives the engine's three-call update (`begin_weight_update`,
-`update_weights(bucket)` per bucket, `finish_weight_update`; see `rollout/base.py`).
+one full tensor plus one bucket is held at once, whatever the model's size. This module feeds that
+stream to `rollout/base.send_weights_in_buckets`, the one place that groups weights into buckets and drives the
+engine's three-call update (`begin_weight_update`, `update_weights(bucket)` per bucket, `finish_weight_update`),
+and counts what it sent.
 
 Collective over the agent's ranks: every rank of the agent calls `sync_weights` (and
 `check_engine_weights`) together. Only the engine rank (`engine_rank`: last pipeline stage, TP rank
@@ -34,7 +35,9 @@ import torch
 from hacpo_megatron.checkpoint.hf_mapping import iter_hf_tensors
 from hacpo_megatron.models.architectures import HFConfig
 from hacpo_megatron.parallel.groups import AgentParallel
-from hacpo_megatron.rollout.base import DEFAULT_BUCKET_BYTES, EngineLost, WeightCheck, tensor_bytes, weight_buckets
+from hacpo_megatron.rollout.base import (
+    DEFAULT_BUCKET_BYTES, EngineLost, WeightBucket, WeightCheck, send_weights_in_buckets, tensor_bytes,
+)
 
 
 @dataclass
@@ -50,6 +53,17 @@ class WeightSyncMetrics:
     check: Optional[WeightCheck] = None  # set when the check mode ran, on the engine rank
     check_seconds: float = 0.0
     engine_lost: bool = False  # the engine's process died during the sync: it holds no weights now
+
+    def count_call(self, bucket: Optional[WeightBucket], seconds: float) -> None:
+        """One engine call of the update (send_weights_in_buckets' `each_call`): its time, and its bucket's size
+        (a bucket whose call found the engine dead counts: `buckets` is how far the stream got)."""
+        self.engine_seconds += seconds
+        if bucket is not None:
+            size = sum(tensor_bytes(t) for _, t in bucket)
+            self.buckets += 1
+            self.tensors += len(bucket)
+            self.bytes += size
+            self.largest_bucket_bytes = max(self.largest_bucket_bytes, size)
 
     @property
     def bytes_per_second(self) -> float:
@@ -99,7 +113,7 @@ def sync_weights(
     stream = _hf_stream(model, hf_config, agent_parallel, dtype)
     if is_engine_rank:
         try:
-            _send(stream, engine, bucket_bytes, metrics)
+            send_weights_in_buckets(engine, stream, bucket_bytes, each_call=metrics.count_call)
         except EngineLost as error:
             print(f"agent {agent_parallel.name!r}: {error}; finishing the weight stream without it", flush=True)
             metrics.engine_lost = True
@@ -111,20 +125,6 @@ def sync_weights(
         metrics.check, metrics.check_seconds = check_engine_weights(
             model, hf_config, agent_parallel, engine, atol=atol, dtype=dtype)
     return metrics
-
-
-def _send(stream: Iterator[Tuple[str, torch.Tensor]], engine: Any, bucket_bytes: int,
-          metrics: WeightSyncMetrics) -> None:
-    """The engine's three-call update over the stream, counted into `metrics`."""
-    metrics.engine_seconds += _timed(engine.begin_weight_update)
-    for bucket in weight_buckets(stream, bucket_bytes):
-        size = sum(tensor_bytes(t) for _, t in bucket)
-        metrics.buckets += 1
-        metrics.tensors += len(bucket)
-        metrics.bytes += size
-        metrics.largest_bucket_bytes = max(metrics.largest_bucket_bytes, size)
-        metrics.engine_seconds += _timed(engine.update_weights, bucket)
-    metrics.engine_seconds += _timed(engine.finish_weight_update)
 
 
 def check_engine_weights(
@@ -168,12 +168,6 @@ def _require_engine_where_needed(agent_parallel: AgentParallel, engine: Optional
         raise ValueError(f"agent {agent_parallel.name!r}: rank {agent_parallel.rank} is its engine rank "
                          "(last stage, TP rank 0, DP replica 0) and needs the engine")
     return is_engine_rank
-
-
-def _timed(call, *args) -> float:
-    start = time.perf_counter()
-    call(*args)
-    return time.perf_counter() - start
 
 
 def _exhaust(stream: Iterator) -> None:

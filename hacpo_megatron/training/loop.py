@@ -23,24 +23,24 @@ import os
 import random
 import time
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional
+from typing import Dict, List, Optional, Union
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
-from hacpo_megatron.algorithms import AlgorithmSpec, CapabilityTracker, step_advantages
+from hacpo_megatron.algorithms import AlgorithmSpec, CapabilityTracker, StepAdvantages, step_advantages
 from hacpo_megatron.algorithms.registry import algorithm_spec
 from hacpo_megatron.config import Config, config_to_dict, dump_config
 from hacpo_megatron.data import PromptSampler
 from hacpo_megatron.orchestrator.faults import NO_FAULTS, FaultPlan
-from hacpo_megatron.orchestrator.preemption import Preempted, PreemptionGuard
-from hacpo_megatron.orchestrator.ray_runtime import RayRuntime, leave_ray, object_store_stats
-from hacpo_megatron.orchestrator.rollout_pipeline import ReplayedRollouts, RolloutPipeline, held_out_scores
-from hacpo_megatron.orchestrator.startup import start_actors
-from hacpo_megatron.orchestrator.weight_delivery import (
-    push_all_weights, push_weights, resend_to_lost_engines, restore_restarted_engines,
+from hacpo_megatron.orchestrator.lifecycle import RunLifecycle
+from hacpo_megatron.orchestrator.preemption import Preempted
+from hacpo_megatron.orchestrator.ray_runtime import object_store_stats
+from hacpo_megatron.orchestrator.rollout_pipeline import (
+    ReplayedRollouts, RolloutPipeline, StepRollouts, held_out_scores,
 )
+from hacpo_megatron.orchestrator.weight_delivery import deliver_weights
 from hacpo_megatron.parallel.groups import AgentParallel, init_distributed
 from hacpo_megatron.parallel.layout import required_world_size
 from hacpo_megatron.reporting.step_records import mean_over_updates, step_records
@@ -79,7 +79,7 @@ class Run:
     cfg: Config
     spec: AlgorithmSpec
     agents: Agents
-    answers: Any
+    answers: Union[RolloutPipeline, ReplayedRollouts]  # each step's answers: from the engines, or as saved
     tracker: CapabilityTracker
     options: RunOptions
     G: int
@@ -109,37 +109,36 @@ def run_hacpo(cfg: Config, options: RunOptions, model_provider: ModelProvider) -
     run_checkpoints.save_tokenizers(options.output_dir, agents)
     if rank == 0 and cfg.run.mode == "rollout_only":
         print("run.mode rollout_only: no learner; the engines answer with the initial weights throughout", flush=True)
-    runtime, reward_actor = None, None
-    agents.engines_running = cfg.run.mode != "train_only"  # train_only: answers and rewards from --load-rollouts
-    if agents.engines_running:
-        runtime = RayRuntime.connect(options.ray_address)
-        agents.engines, agents.senders, reward_actor = start_actors(
-            cfg, agents.parallel, agents.hf_configs, [tokenizer_name(a) for a in cfg.agents], rank, options.output_dir)
-    train_set, eval_set = load_prompt_sets(cfg, agents.tokenizers, options.output_dir)
-    if not agents.engines_running and eval_set:
-        eval_set = []  # no engine to answer the held-out problems
-        if rank == 0:
-            print("run.mode train_only: no held-out evaluation (no engine to answer)", flush=True)
-    sampler = PromptSampler(train_set, B, seed=cfg.run.seed, shuffle=cfg.data.shuffle)
-    tracker = CapabilityTracker(n, cfg.algorithm.capability_window, reward_range=_reward_range(cfg))
+    with RunLifecycle(options.ray_address) as lifecycle:  # Ray, the reporter, the signal handlers: ended at exit
+        reward_actor = None
+        agents.engines_running = cfg.run.mode != "train_only"  # train_only: answers and rewards from --load-rollouts
+        if agents.engines_running:
+            reward_actor = lifecycle.start_actors(cfg, agents, [tokenizer_name(a) for a in cfg.agents], rank,
+                                                  options.output_dir)
+        train_set, eval_set = load_prompt_sets(cfg, agents.tokenizers, options.output_dir)
+        if not agents.engines_running and eval_set:
+            eval_set = []  # no engine to answer the held-out problems
+            if rank == 0:
+                print("run.mode train_only: no held-out evaluation (no engine to answer)", flush=True)
+        sampler = PromptSampler(train_set, B, seed=cfg.run.seed, shuffle=cfg.data.shuffle)
+        tracker = CapabilityTracker(n, cfg.algorithm.capability_window, reward_range=_reward_range(cfg))
 
-    start_step = 0
-    if options.resume:
-        start_step = run_checkpoints.load_latest(options.output_dir, agents, tracker, sampler)
-    push_all_weights(agents, options.weight_check)
-    time_gemm_peaks_in_turn(list(agents.trainers.values()))  # perf/mfu's denominator, engines loaded and idle
+        start_step = 0
+        if options.resume:
+            start_step = run_checkpoints.load_latest(options.output_dir, agents, tracker, sampler)
+        deliver_weights(agents, agents.hosted, options.weight_check)  # the trainers' weights, start or checkpoint's
+        time_gemm_peaks_in_turn(list(agents.trainers.values()))  # perf/mfu's denominator, engines loaded and idle
 
-    answers = (RolloutPipeline(cfg, agents, sampler, reward_actor, G, options, start_step) if agents.engines_running
-               else ReplayedRollouts(options.load_rollouts, agents, sampler, G))  # run.mode train_only: saved ones
-    run = Run(cfg, spec, agents, answers, tracker, options, G)
-    reporter = _reporter(cfg, agents, options, start_step) if rank == 0 else None
-    if start_step == 0 and cfg.data.eval_every and eval_set:
-        scores = held_out_scores(cfg, agents, eval_set, reward_actor, options, done=0)  # collective
-        if rank == 0:
-            reporter.log_held_out(0, scores)
-    finished = False
-    preemption = PreemptionGuard.install()
-    try:
+        answers = (RolloutPipeline(cfg, agents, sampler, reward_actor, G, options, start_step)
+                   if agents.engines_running  # run.mode train_only: the answers an earlier run saved
+                   else ReplayedRollouts(options.load_rollouts, agents, sampler, G))
+        run = Run(cfg, spec, agents, answers, tracker, options, G)
+        reporter = lifecycle.reporting(_reporter(cfg, agents, options, start_step)) if rank == 0 else None
+        if start_step == 0 and cfg.data.eval_every and eval_set:
+            scores = held_out_scores(cfg, agents, eval_set, reward_actor, options, done=0)  # collective
+            if rank == 0:
+                reporter.log_held_out(0, scores)
+        preemption = lifecycle.watch_signals()
         for step in range(start_step, cfg.run.total_steps):
             records = _hacpo_step(run, step)
             if rank == 0:
@@ -157,15 +156,6 @@ def run_hacpo(cfg: Config, options: RunOptions, model_provider: ModelProvider) -
             if stop:
                 raise Preempted(preemption.signal_name, done,
                                 run_checkpoints.step_folder(options.output_dir, done) if keeps else None)
-        finished = True
-    except Preempted:
-        finished = True  # every rank stopped at the same step boundary, its checkpoint written: an orderly end
-        raise
-    finally:
-        preemption.uninstall()
-        if reporter is not None:
-            reporter.close(failed=not finished)
-        leave_ray(runtime, reward_actor, orderly=finished)
 
 
 # ---------------------------------------------------------------------------------------- one step
@@ -175,7 +165,6 @@ def _hacpo_step(run: Run, step: int) -> List[Dict[str, float]]:
     times: Dict[str, float] = {}
     t_step = time.perf_counter()
     options.faults.before_step(step, agents)
-    restore_restarted_engines(agents, options.weight_check)  # an engine Ray restarted since its last push
 
     # 1-3. prompts, rollouts and rewards (run.mode train_only: as saved by an earlier run)
     work = run.answers.step_rollouts(step, times)  # from the engines, or as an earlier run saved them (train_only)
@@ -191,7 +180,7 @@ def _hacpo_step(run: Run, step: int) -> List[Dict[str, float]]:
     advantages = step_advantages(rewards, capabilities, run.spec, omega_clamp=_omega_clamp(cfg),
                                  eps=cfg.algorithm.advantage_eps, reward_range=_reward_range(cfg))
 
-    # 5-7. old log-probs, then each hosted learner: bridge, train, push weights (run.mode rollout_only: none)
+    # 5-7. old log-probs, then each hosted learner: bridge, train; push weights (run.mode rollout_only: none)
     gaps, local = {}, {}
     if cfg.run.mode != "rollout_only":
         gaps, local = _train_learners(run, work, advantages, times)
@@ -212,7 +201,7 @@ def _hacpo_step(run: Run, step: int) -> List[Dict[str, float]]:
                         shared={**store, **times}, started=t_step, untrained=cfg.run.mode == "rollout_only")
 
 
-def _train_learners(run: Run, work, advantages, times: Dict[str, float]):
+def _train_learners(run: Run, work: StepRollouts, advantages: StepAdvantages, times: Dict[str, float]):
     """Steps 5-7: ({k: engine/trainer log-prob gap}, {k: this rank's figures of hosted learner k's update})."""
     cfg, spec, agents, options = run.cfg, run.spec, run.agents, run.options
     prompts, prompt_ids, rollouts, B = work.prompts, work.prompt_ids, work.rollouts, len(work.prompts)
@@ -226,7 +215,7 @@ def _train_learners(run: Run, work, advantages, times: Dict[str, float]):
                  for k in agents.references}
     times["time/logprob"] = time.perf_counter() - t
 
-    # 6-7. each hosted learner: bridge, train, push weights
+    # 6. each hosted learner: bridge, train
     local: Dict[int, Dict[str, float]] = {}
     for k, trainer in agents.trainers.items():
         t = time.perf_counter()
@@ -242,12 +231,11 @@ def _train_learners(run: Run, work, advantages, times: Dict[str, float]):
         schedule = UpdateSchedule(B, run.G, sources=tuple(int(j) for j in advantages.trains_on[k].nonzero()),
                                   rows_per_update=cfg.train.mini_batch_size * cfg.rollout.samples_per_prompt)
         updates = trainer.train_step(mini_batches(rows, schedule))
-        t_train = time.perf_counter() - t
-        t = time.perf_counter()
-        sync = push_weights(agents, k, options.weight_check)
-        local[k] = {**mean_over_updates(updates), **bridge_stats, **sync,
-                    "time/bridge": t_bridge, "time/train": t_train, "time/weight_sync": time.perf_counter() - t}
-    resend_to_lost_engines(agents, options.weight_check, local)  # an engine that died amid its push: sent again
+        local[k] = {**mean_over_updates(updates), **bridge_stats,
+                    "time/bridge": t_bridge, "time/train": time.perf_counter() - t}
+    # 7. the new weights to the engines (again where an engine died on the way)
+    for k, sync in deliver_weights(agents, local, options.weight_check).items():
+        local[k].update(sync)
     return gaps, local
 
 
@@ -266,8 +254,6 @@ def _checkpoint_due(cfg: Config, done: int) -> bool:
     if every < 0:
         return False  # never (a preemption signal still saves)
     return bool(every and done % every == 0) or done == cfg.run.total_steps
-
-
 
 
 def _reporter(cfg: Config, agents: Agents, options: RunOptions, start_step: int):

@@ -198,7 +198,7 @@ def test_tensor_missing_from_the_weights(hf_folder, tmp_path):
 
 
 def test_tp_that_does_not_divide_the_heads(hf_folder, tmp_path):
-    with pytest.raises(ValueError, match="TP=3 does not divide the attention heads"):
+    with pytest.raises(ValueError, match="TP=3 must divide the attention heads"):
         convert(hf_folder, tmp_path / "out", tensor_parallel=3)
 
 
@@ -215,7 +215,7 @@ def test_cli_reports_bad_input_without_a_traceback(hf_folder, tmp_path):
                              str(hf_folder), "--save", str(tmp_path / "out"), "--tp", "3"],
                             cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode != 0 and "Traceback" not in result.stderr
-    assert "error: TP=3 does not divide" in result.stderr
+    assert "error: TP=3 must divide" in result.stderr
 
 
 def test_broken_checkpoint_folders_name_folder_and_file(run, tmp_path):

@@ -158,7 +158,7 @@ def test_tp_not_dividing_the_heads_fails_before_any_process_starts(converted):
     code, stdout, stderr, pids = run_tool(tool("compare_hf_megatron"), "--hf-path", converted["hf"],
                                           "--megatron-path", converted["root"] / "tp2", "--tp", "3")
     line = single_error_line(stderr, "compare_hf_megatron")
-    assert code != 0 and "TP=3 does not divide the attention heads" in line and pids == []
+    assert code != 0 and "TP=3 must divide the attention heads" in line and pids == []
 
 
 # ------------------------------------------------------------------------------------------------

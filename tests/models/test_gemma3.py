@@ -290,14 +290,14 @@ def test_tp2_with_one_kv_head_is_refused_by_the_tools_and_the_builder():
     from hacpo_megatron.models.build import check_layout
 
     arch = read_architecture(GEMMA3_270M)
-    with pytest.raises(ValueError, match="TP=2 does not divide the attention heads.*" + KV_MESSAGE):
+    with pytest.raises(ValueError, match="TP=2 must divide the attention heads.*" + KV_MESSAGE):
         check_parallel_layout(arch, 2, 1)
     check_parallel_layout(arch, 1, 2)
 
     class TwoRanks:  # what check_layout reads of an AgentParallel
         name, tp_size, pp_size = "g", 2, 1
 
-    with pytest.raises(ValueError, match="g: TP=2 must divide attention heads.*" + KV_MESSAGE):
+    with pytest.raises(ValueError, match="g: TP=2 must divide the attention heads.*" + KV_MESSAGE):
         check_layout(arch, TwoRanks())
     # the message only speaks of key/value heads when they are the reason
     with pytest.raises(ValueError) as error:

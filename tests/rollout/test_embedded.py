@@ -76,8 +76,14 @@ def test_weight_update_changes_generation_and_check_mode_confirms_equality(token
     params = SamplingParams(n=2, max_new_tokens=8, seed=5)
     before = engine.generate(PROMPTS, params)
     assert not engine.check_weights(new_weights).equal
-    buckets = send_weights_in_buckets(engine, new_weights, bucket_bytes=64 * 1024)
+    calls = []
+    buckets = send_weights_in_buckets(engine, new_weights, bucket_bytes=64 * 1024,
+                                      each_call=lambda bucket, seconds: calls.append((bucket, seconds)))
     assert buckets > 3
+    # every engine call reported: begin, each bucket in order (all of the weights, each once), finish
+    assert [bucket is None for bucket, _ in calls] == [True] + [False] * buckets + [True]
+    assert [name for bucket, _ in calls[1:-1] for name, _ in bucket] == [name for name, _ in new_weights]
+    assert all(seconds >= 0 for _, seconds in calls)
     check = engine.check_weights(iter(new_weights))  # a generator works: weights arrive streamed
     assert check.equal and check.max_abs_diff == 0.0
     after = engine.generate(PROMPTS, params)
