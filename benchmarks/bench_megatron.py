@@ -22,7 +22,11 @@ same length, so neither side pays for padding). Each model is measured three way
                       fp32 weights and AdamW states (fused), bf16 compute under torch.autocast, SDPA attention.
 
 megatron's rows are one per `--attention` kernel (train.attention; `megatron[sdpa]` etc., plain `megatron` for
-auto), with `--max-tokens` its micro-batches by a token budget (train.max_tokens_per_micro_batch).
+auto) and `--rows` layout: `shared` (default, as a run trains: train.share_prompts puts each prompt once in a row,
+its G responses behind it, so the prompt's tokens are computed once; throughput still counts all N * (P + R)
+tokens) and `plain` (one sequence a row, as the HF side: the kernels alone compared; labelled `[plain]`); with
+`--max-tokens` its micro-batches by a token budget (train.max_tokens_per_micro_batch). Before 2026-11-27 the
+log-prob pass always ran plain rows and the update shared ones.
 
 The HF training update mirrors what megatron's optimizer does here: AdamW (weight decay 0.01) and gradient
 clipping at norm 1.0 (the config schema's defaults). Throughput counts all N * (P + R) tokens of the batch.
@@ -227,8 +231,11 @@ def megatron_rows(work: Workload, old_seq_logp: torch.Tensor):
             for i, ((p, r), a, o) in enumerate(zip(work.sequences, work.advantages, old_seq_logp))]
 
 
-def megatron_label(kernel: str) -> str:
-    return "megatron" if kernel == "auto" else f"megatron[{kernel}]"
+def megatron_label(variant: Tuple[str, str]) -> str:
+    """(train.attention, rows) -> "megatron" for a run's defaults (auto, shared), else e.g. megatron[local,plain]."""
+    kernel, rows = variant
+    tags = [tag for tag, default in ((kernel, "auto"), (rows, "shared")) if tag != default]
+    return f"megatron[{','.join(tags)}]" if tags else "megatron"
 
 
 # ------------------------------------------------------------------------------------------------
@@ -260,12 +267,15 @@ def bench_model(name: str, hf_config: Dict, parallel, args) -> Tuple[List[Dict],
     # ---- log-prob pass (no weight changes yet, so the three can be checked against each other)
     rows = []
     chunks = hf_chunks(work, micro_batch)
-    kernels = {kernel: resolve_attention(kernel, DEVICE) for kernel in args.attention}  # train.attention's choices
+    # megatron's variants: (train.attention, rows): "shared" puts a prompt's G responses in one row behind it
+    # (train.share_prompts, a run's default), "plain" gives every sequence its own row (as the HF side does)
+    kernels = {(kernel, rows): resolve_attention(kernel, DEVICE) for rows in args.rows for kernel in args.attention}
 
-    def megatron_lp(kernel: str = args.attention[0]):
-        return compute_sequence_logprobs(dataclasses.replace(agent, attention=kernels[kernel]), work.sequences,
+    def megatron_lp(variant: Tuple[str, str] = (args.attention[0], args.rows[0])):
+        return compute_sequence_logprobs(dataclasses.replace(agent, attention=kernels[variant]), work.sequences,
                                          temperature=TEMPERATURE, max_sequences_per_micro_batch=micro_batch,
-                                         max_tokens_per_micro_batch=args.max_tokens)
+                                         max_tokens_per_micro_batch=args.max_tokens,
+                                         share_prompts=variant[1] == "shared" and agent.takes_attention_mask)
 
     # The peer verl's FSDP backend is: fp32 weights and Adam states, bf16 compute under autocast, SDPA attention
     # (megatron keeps fp32 main weights and Adam states the same way); on a GPU with a bf16 megatron only.
@@ -299,8 +309,9 @@ def bench_model(name: str, hf_config: Dict, parallel, args) -> Tuple[List[Dict],
     optimizer = torch.optim.AdamW(hf.parameters(), lr=LR, weight_decay=0.01)  # megatron's "adam" decays like AdamW
     amp_optimizer = torch.optim.AdamW(amp.parameters(), lr=LR, weight_decay=0.01, fused=True) if amp else None
 
-    def megatron_update(kernel: str):  # one update of every row, with this kernel
-        trainer.agent = dataclasses.replace(trainer.agent, attention=kernels[kernel])
+    def megatron_update(variant: Tuple[str, str]):  # one update of every row, with this kernel and rows
+        trainer.agent = dataclasses.replace(trainer.agent, attention=kernels[variant])
+        trainer.share_prompts = variant[1] == "shared" and agent.takes_attention_mask
         return trainer.train_step([train_rows])
 
     trainable = [k for k in kernels if not (kernels[k] == "flex" and DEVICE.type == "cpu")]  # no CPU flex backward
@@ -457,6 +468,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--attention", nargs="+", default=["auto"], choices=["auto", "flex", "sdpa", "local"],
                         help="train.attention choices to time for megatron (the first also gives the reference "
                              "log-probs); auto is labelled plain 'megatron'")
+    parser.add_argument("--rows", nargs="+", default=["shared"], choices=["shared", "plain"],
+                        help="megatron's rows: shared (a prompt once, its responses behind it: train.share_prompts, "
+                             "a run's default) and/or plain (one sequence a row, as the HF side); shared is unlabelled")
     parser.add_argument("--profile", metavar="DIR", help="also profile one call of each backend (torch.profiler: "
                                                           "by kernel and by module) into DIR")
     parser.add_argument("--max-tokens", type=int, default=None,

@@ -10,7 +10,8 @@
 #   bench      benchmarks/bench_megatron.py: log-prob pass and training update at Qwen3-1.7B's shape (MODELS;
 #              add `tiny` for the launch-bound end; random init, bf16) against transformers on the same GPU (bf16 weights, and the
 #              like-for-like peer: fp32 weights under bf16 autocast, fused AdamW), with MFU against a bf16 GEMM
-#              timed in the same run; megatron with every train.attention kernel (KERNELS). Alone on the GPU: it
+#              timed in the same run; megatron with every train.attention kernel (KERNELS), on shared-prompt
+#              rows (a run's) and plain ones (ROWS). Alone on the GPU: it
 #              is the only timed stage besides transport.
 #   profile    the same at Qwen3-1.7B's shape, one call of each backend (megatron: PROFILE_KERNELS, default auto)
 #              under torch.profiler: top kernels and modules by device time ($OUT/profile/*.txt)
@@ -55,14 +56,14 @@ SHAPE="--sequences 32 --prompt-length 128 --response-length 384 --micro-batch 8"
 bench() {
   say "bench"
   timeout "${BENCH_S:-240}" python3 benchmarks/bench_megatron.py --models ${MODELS:-qwen3-1.7b} $SHAPE --repeats 3 --warmup 1 \
-    --attention ${KERNELS:-auto local sdpa flex} --json "$OUT/bench.json" >"$OUT/bench.log" 2>&1
+    --attention ${KERNELS:-auto local sdpa flex} --rows ${ROWS:-shared plain} --json "$OUT/bench.json" >"$OUT/bench.log" 2>&1
   echo "bench rc $?"; tail -n 30 "$OUT/bench.log"
 }
 
 profile() {
   say "profile"
   timeout "${PROFILE_S:-180}" python3 benchmarks/bench_megatron.py --models qwen3-1.7b $SHAPE --repeats 1 --warmup 1 \
-    --attention ${PROFILE_KERNELS:-auto} --profile "$OUT/profile" >"$OUT/profile.log" 2>&1
+    --attention ${PROFILE_KERNELS:-auto} --rows ${PROFILE_ROWS:-shared} --profile "$OUT/profile" >"$OUT/profile.log" 2>&1
   echo "profile rc $?"; tail -n 5 "$OUT/profile.log"; head -n 45 "$OUT"/profile/*_train.txt
 }
 
