@@ -545,6 +545,17 @@ def code_version(folder: str) -> str:
     return f"commit {head.stdout.strip()[:12]}" + (" with uncommitted changes" if changed else "")
 
 
+def _difference_table(rows: Sequence[Tuple[str, Row]]) -> List[str]:
+    """A table of paired differences, each row (what it was paired against, its Row)."""
+    table = []
+    for other, row in rows:
+        mean, interval = _estimate_text(row.estimate, signed=True)
+        table.append([f"{row.label} - {other}", row.agent, mean, interval, str(row.estimate.n),
+                      _per_seed_text(row.per_seed, signed=True)])
+    return _markdown_table(["comparison", "agent", "difference (mean ± 95% CI)", "95% CI", "pairs", "per seed"],
+                           table)
+
+
 def results_markdown(results: Sequence[CellResult], labels: Sequence[str], baseline: Optional[str],
                      rerun: Mapping[str, str], *, base_config: str, seeds: Sequence[int], workdir: str,
                      study_command: Optional[str] = None, comparisons: Sequence[Tuple[str, str]] = ()) -> str:
@@ -578,25 +589,13 @@ def results_markdown(results: Sequence[CellResult], labels: Sequence[str], basel
         lines += ["", f"## Paired difference to {baseline}", "",
                   f"variant - {baseline} on the same seed, over the seeds where both finished; 95% CI of the "
                   "mean difference (paired t). An interval that excludes 0 is a difference at the 5% level.", ""]
-        table = []
-        for row in paired_rows(results, labels, baseline):
-            mean, interval = _estimate_text(row.estimate, signed=True)
-            table.append([f"{row.label} - {baseline}", row.agent, mean, interval, str(row.estimate.n),
-                          _per_seed_text(row.per_seed, signed=True)])
-        lines += _markdown_table(["comparison", "agent", "difference (mean ± 95% CI)", "95% CI", "pairs",
-                                  "per seed"], table)
+        lines += _difference_table([(baseline, row) for row in paired_rows(results, labels, baseline)])
     if comparisons:
         lines += ["", "## Other paired differences (--compare)", "",
                   "A - B on the same seed, over the seeds where both finished; 95% CI of the mean difference "
                   "(paired t).", ""]
-        table = []
-        for label, other in comparisons:
-            for row in difference_rows(results, label, other):
-                mean, interval = _estimate_text(row.estimate, signed=True)
-                table.append([f"{label} - {other}", row.agent, mean, interval, str(row.estimate.n),
-                              _per_seed_text(row.per_seed, signed=True)])
-        lines += _markdown_table(["comparison", "agent", "difference (mean ± 95% CI)", "95% CI", "pairs",
-                                  "per seed"], table)
+        lines += _difference_table([(other, row) for label, other in comparisons
+                                    for row in difference_rows(results, label, other)])
     clip_sections = [(label, clip_table(results, label)) for label in labels]
     if any(rows for _, rows in clip_sections):
         lines += ["", "## The other agents' answers against each learner's cross clip", "",
