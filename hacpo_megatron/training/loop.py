@@ -97,6 +97,7 @@ def run_hacpo(cfg: Config, options: RunOptions, model_provider: ModelProvider) -
     if world != needed:
         raise SystemExit(f"the config's agents need {needed} processes (torchrun --nproc_per_node={needed}), "
                          f"got {world}")
+    resume_from = run_checkpoints.choose_checkpoint(options.output_dir) if options.resume else None  # verified
     spec = algorithm_spec(cfg.algorithm)
     n, B = len(cfg.agents), cfg.data.prompt_batch_size
     G = cfg.rollout.samples_per_prompt * spec.samples_multiplier
@@ -124,8 +125,8 @@ def run_hacpo(cfg: Config, options: RunOptions, model_provider: ModelProvider) -
         tracker = CapabilityTracker(n, cfg.algorithm.capability_window, reward_range=_reward_range(cfg))
 
         start_step = 0
-        if options.resume:
-            start_step = run_checkpoints.load_latest(options.output_dir, agents, tracker, sampler)
+        if resume_from:
+            start_step = run_checkpoints.load_checkpoint(resume_from, options.output_dir, agents, tracker, sampler)
         deliver_weights(agents, agents.hosted, options.weight_check)  # the trainers' weights, start or checkpoint's
         time_gemm_peaks_in_turn(list(agents.trainers.values()))  # perf/mfu's denominator, engines loaded and idle
 

@@ -91,7 +91,10 @@ def save(output_dir: str, step: int, agents, tracker, sampler_state: dict, *, ke
 
 def choose_checkpoint(output_dir: str) -> str:
     """Collective. Rank 0 verifies `latest` against its manifest, falls back to the newest intact step
-    if it is damaged (saying which file is), and tells every rank; InputError if none is intact."""
+    if it is damaged (saying which file is), and tells every rank; InputError if none is intact.
+
+    Called before any work (no model built, no Ray): a rank that failed later, behind a teardown, could be
+    stopped by torchrun (another rank had already exited with the same error) before it said why."""
     from hacpo_megatron.training.preflight import InputError
 
     root = checkpoint_root(output_dir)
@@ -109,9 +112,9 @@ def choose_checkpoint(output_dir: str) -> str:
     return step_dir
 
 
-def load_latest(output_dir: str, agents, tracker, sampler) -> int:
-    """Restore everything from the newest intact checkpoint; returns the step to continue from."""
-    _, state = load_agents_checkpoint(choose_checkpoint(output_dir), _agent_states(output_dir, agents))
+def load_checkpoint(step_dir: str, output_dir: str, agents, tracker, sampler) -> int:
+    """Restore everything from `step_dir` (choose_checkpoint's); returns the step to continue from."""
+    _, state = load_agents_checkpoint(step_dir, _agent_states(output_dir, agents))
     if state is None:
         raise RuntimeError(f"{checkpoint_root(output_dir)}: the latest checkpoint has no run state")
     tracker.load_state_dict(state["tracker"])
