@@ -116,7 +116,7 @@ def load_checkpoint(step_dir: str, output_dir: str, agents, tracker, sampler) ->
     """Restore everything from `step_dir` (choose_checkpoint's); returns the step to continue from."""
     _, state = load_agents_checkpoint(step_dir, _agent_states(output_dir, agents))
     if state is None:
-        raise RuntimeError(f"{checkpoint_root(output_dir)}: the latest checkpoint has no run state")
+        raise RuntimeError(f"{step_dir}: the checkpoint has no run state (trainer_state.pt)")
     tracker.load_state_dict(state["tracker"])
     sampler.load_state_dict(state["sampler"])
     for k, trainer in agents.trainers.items():
