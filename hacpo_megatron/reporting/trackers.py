@@ -104,6 +104,10 @@ class WandbTracker:
                 artifact.add_file(str(path))
             self._run.log_artifact(artifact)
         self._run.finish(exit_code=1 if failed else 0)
+        # finish() only tells W&B's service process that the run is over; the service writes the run file out
+        # on its own time. teardown() waits for the service to end, so the file is whole when the run returns
+        # (a `wandb sync` or a reader right after it sees every record) and no service outlives the run.
+        self._wandb.teardown(exit_code=1 if failed else 0)
 
 
 class MlflowTracker:

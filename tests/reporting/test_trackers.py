@@ -141,9 +141,17 @@ def wandb_history(records):
 
 
 
+def wandb_service_processes():
+    import psutil
+
+    return [child for child in psutil.Process().children(recursive=True) if "wandb" in child.name().lower()]
+
+
 def test_wandb_offline_run_holds_every_metric_and_the_config(tmp_path, monkeypatch):
     monkeypatch.delenv("WANDB_MODE", raising=False)  # offline is the default
     write_run(tmp_path, trackers=("wandb",), plots=True, params=PARAMS, run_name="cell-1")
+    # the reporter's close waited for W&B's service to write the file and end (CI once read it before it had)
+    assert wandb_service_processes() == []
     run_id = read_run_info(tmp_path)["trackers"]["wandb"]
     (run_file,) = glob.glob(str(tmp_path / "wandb" / f"offline-run-*-{run_id}" / f"run-{run_id}.wandb"))
     records = wandb_records(run_file)
