@@ -3,7 +3,7 @@
 examples/hacpo_pretrain_style.py calls `main` with the model provider (training/provider.py): `python -m
 hacpo_megatron.launch` starts torchrun on that file. A mistake in the user's input ends every rank with code 2
 and one message from rank 0, without a traceback; a preemption (SIGTERM) with its own code once the run's state
-is saved.
+is saved; a checkpoint that the disk could not take, with one message and its own code (`latest` unchanged).
 """
 from __future__ import annotations
 
@@ -13,6 +13,9 @@ import signal
 import sys
 from typing import Callable, List, Optional
 
+import torch.distributed as dist
+
+from hacpo_megatron.checkpoint.megatron_io import CheckpointSaveError
 from hacpo_megatron.config import Config, ConfigError, load_config
 from hacpo_megatron.launch import output_dir_of, parse_args
 from hacpo_megatron.orchestrator.faults import FaultPlan
@@ -20,6 +23,8 @@ from hacpo_megatron.orchestrator.preemption import PREEMPTED_EXIT_CODE, Preempte
 from hacpo_megatron.training.loop import RunOptions, run_hacpo
 from hacpo_megatron.training.preflight import INPUT_ERROR_EXIT_CODE, InputError
 from hacpo_megatron.training.provider import ModelProvider
+
+SAVE_FAILED_EXIT_CODE = 74  # EX_IOERR: a checkpoint could not be written; `latest` is the previous step
 
 
 def main(model_provider: Callable[[Config], ModelProvider], argv: Optional[List[str]] = None) -> int:
@@ -46,4 +51,12 @@ def main(model_provider: Callable[[Config], ModelProvider], argv: Optional[List[
         if says:
             print(str(exc), file=sys.stderr, flush=True)
         return PREEMPTED_EXIT_CODE
+    except CheckpointSaveError as exc:  # a full or failing disk: every rank raised it at the same save
+        if says:
+            print(f"error: {exc}", file=sys.stderr, flush=True)
+        # rank 0 reached here after tearing Ray down; a rank that exited before it would have torchrun stop
+        # rank 0 before it printed the reason
+        if dist.is_initialized():
+            dist.barrier()
+        return SAVE_FAILED_EXIT_CODE
     return 0

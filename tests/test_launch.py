@@ -1,6 +1,8 @@
 """`python -m hacpo_megatron.launch` (what `make run` runs): a user's mistake is one line, exit code 2,
 before torchrun, process groups, models or Ray exist."""
+import faulthandler
 import os
+import signal
 import subprocess
 import sys
 
@@ -72,3 +74,22 @@ def test_run_device_cpu_hides_the_gpus_from_the_ranks_and_a_rank_that_sees_one_i
     with pytest.raises(InputError, match="run.device: cpu, but this rank sees a GPU"):
         check_device(load_config(os.path.join(REPO, "configs", "default.yaml"), ["run.device=cpu"]))
     check_device(load_config(os.path.join(REPO, "configs", "default.yaml"), ["run.device=auto"]))
+
+
+def test_a_checkpoint_the_disk_refused_ends_the_run_with_one_line_and_exit_code_74(tmp_path, monkeypatch, capfd):
+    """Every rank raises the same CheckpointSaveError (tests/checkpoint: a real full disk); rank 0 says it once."""
+    from hacpo_megatron import entry
+    from hacpo_megatron.checkpoint.megatron_io import CheckpointSaveError
+
+    reason = "saving step 3 failed (rank 1: No space left on device: /out/step_00000003.tmp/a/x.distcp)"
+
+    def run_that_fills_the_disk(cfg, options, provider):
+        raise CheckpointSaveError(reason)
+
+    monkeypatch.setattr(entry, "run_hacpo", run_that_fills_the_disk)
+    monkeypatch.delenv("RANK", raising=False)
+    try:
+        assert entry.main(lambda cfg: None, ["--output-dir", str(tmp_path / "run")]) == 74
+    finally:
+        faulthandler.unregister(signal.SIGUSR1)  # main's `kill -USR1` hook wrote to this test's captured stderr
+    assert capfd.readouterr().err == f"error: {reason}\n"

@@ -35,7 +35,9 @@ they load across paddings (the padding rows are zeros).
 from __future__ import annotations
 
 import contextlib
+import io
 import json
+import logging
 import os
 import re
 import shutil
@@ -74,6 +76,10 @@ _STEP_DIR = re.compile(r"^step_(\d+)$")
 
 class CheckpointError(ValueError):
     """A checkpoint folder that cannot be used: the message names the folder and the file."""
+
+
+class CheckpointSaveError(CheckpointError):
+    """A save that failed (a full or broken disk) on some rank; raised on every rank with every rank's reason."""
 
 
 @dataclass(frozen=True)
@@ -253,18 +259,83 @@ def save_agent_checkpoint(folder: PathLike, agent: AgentState, *, step: Optional
 
     folder = Path(folder)
     dist_dir = folder / DIST_CHECKPOINT_DIR
-    if dist.get_rank() == 0:
-        dist_dir.mkdir(parents=True, exist_ok=True)
-    dist.barrier()  # megatron's writers expect the folder to exist on every rank
+    with _every_rank_learns_of_a_failure(f"saving {folder}"):  # megatron's writers expect the folder on every rank
+        if dist.get_rank() == 0:
+            dist_dir.mkdir(parents=True, exist_ok=True)
     member = agent.parallel.is_member
     if member and agent.model is None:
         raise ValueError(f"rank {agent.parallel.rank} belongs to agent {agent.parallel.name!r} but passed no model")
     state = agent_sharded_state_dict(agent.model, agent.optimizer) if member else {}
     _start_writer_helper_outliving_sigterm()
-    dist_checkpointing.save(state, str(dist_dir))
-    if member and agent.parallel.agent_rank == 0:
-        _write_side_files(folder, agent, step)
-    dist.barrier()
+    with _every_rank_learns_of_a_failure(f"saving {folder}"):
+        with _megatron_writers_own_reason():
+            dist_checkpointing.save(state, str(dist_dir))
+        if member and agent.parallel.agent_rank == 0:
+            _write_side_files(folder, agent, step)
+
+
+def _storage_errors() -> Tuple[type, ...]:
+    """What a failing disk raises: our own writes an OSError (or our CheckpointError), megatron's writer its
+    CheckpointException (torch's; a BaseException) on every rank, holding each rank's cause."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    return OSError, CheckpointError, CheckpointException
+
+
+def _cause(error: BaseException) -> str:
+    """One line for a failed write: the OSError's reason and file, or the first cause megatron's writer gathered
+    (torch's zip writer says "unexpected pos" when the disk fills under it)."""
+    failures = getattr(error, "failures", None)
+    if failures:  # CheckpointException: {rank: (exception, traceback)}
+        error = next(iter(failures.values()))[0]
+    if isinstance(error, OSError) and error.strerror:
+        return f"{error.strerror}: {error.filename}" if error.filename else error.strerror
+    text = (str(error).strip().splitlines() or [""])[0][:300]
+    return text if isinstance(error, CheckpointError) else f"{type(error).__name__}: {text}"
+
+
+@contextlib.contextmanager
+def _megatron_writers_own_reason() -> Iterator[None]:
+    """Megatron's writer threads catch the real error of a failed write (on a full disk: "[Errno 28] No space
+    left on device"), log it, and raise a CheckpointException that only says "<class 'RuntimeError'>"
+    (filesystem_async.py, megatron-core 0.15). The logged line is the reason: raised as a CheckpointError."""
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            reasons.append(record.getMessage())
+
+    reasons: List[str] = []
+    handler, logger = Collect(logging.ERROR), logging.getLogger(filesystem_async.__name__)
+    logger.addHandler(handler)
+    try:
+        yield
+    except CheckpointException as error:
+        marker = "encountered an error: "  # "Local worker 0 encountered an error: <the exception>"
+        worker = [reason.split(marker, 1)[1] for reason in reasons if marker in reason]
+        if not worker and not reasons:
+            raise
+        raise CheckpointError(f"megatron's checkpoint writer: {(worker or reasons)[0]}") from error
+    finally:
+        logger.removeHandler(handler)
+
+
+@contextlib.contextmanager
+def _every_rank_learns_of_a_failure(what: str) -> Iterator[None]:
+    """Run the block on every rank, then agree (an all-gather: it is a barrier too). If any rank's block
+    failed on storage, every rank raises CheckpointSaveError naming each such rank and why: a write that only
+    one rank does (side files, manifest, rename) must not leave the others waiting at the next barrier."""
+    error = None
+    try:
+        yield
+    except _storage_errors() as caught:
+        error = caught
+    reports: List[Optional[str]] = [None] * dist.get_world_size()
+    dist.all_gather_object(reports, None if error is None else f"rank {dist.get_rank()}: {_cause(error)}")
+    failed = [report for report in reports if report]
+    if failed:
+        raise CheckpointSaveError(f"{what} failed ({'; '.join(failed)})") from error
 
 
 def _start_writer_helper_outliving_sigterm() -> None:
@@ -350,26 +421,45 @@ def save_agents_checkpoint(
     if len(set(names)) != len(names):
         raise ValueError(f"agent names must be distinct, got {names}")
     try:
-        if dist.get_rank() == 0:
-            root.mkdir(parents=True, exist_ok=True)
-            remove_interrupted_saves(root)
-            temporary.mkdir()
-        dist.barrier()
-        for agent in agents:
+        with _every_rank_learns_of_a_failure(f"saving step {step}"):
+            if dist.get_rank() == 0:
+                root.mkdir(parents=True, exist_ok=True)
+                remove_interrupted_saves(root)
+                temporary.mkdir()
+        for agent in agents:  # each agrees at its end: every rank's files exist before rank 0 lists them
             save_agent_checkpoint(temporary / agent.parallel.name, agent, step=step)
-        dist.barrier()  # every rank's files are complete before rank 0 lists them in the manifest
-        if dist.get_rank() == 0:
-            if trainer_state is not None:
-                torch.save(trainer_state, temporary / TRAINER_STATE_FILE)
-            _publish(temporary, final, root)
-            if keep_last:
-                prune_checkpoints(root, keep_last)
-    except OSError as error:  # disk full, I/O error: the previous step stays `latest`
-        previous = (root / LATEST_FILE).read_text().strip() if (root / LATEST_FILE).is_file() else "nothing yet"
-        raise CheckpointError(f"saving step {step} failed at {error.filename or temporary}: {error.strerror or error}; "
-                              f"`latest` still names {previous}") from error
-    dist.barrier()
+        with _every_rank_learns_of_a_failure(f"saving step {step}"):
+            if dist.get_rank() == 0:
+                if trainer_state is not None:
+                    _write_trainer_state(trainer_state, temporary / TRAINER_STATE_FILE)
+                _publish(temporary, final, root)
+                if keep_last:
+                    prune_checkpoints(root, keep_last)
+    except CheckpointSaveError as error:  # disk full, I/O error: the previous step stays `latest`
+        raise CheckpointSaveError(_save_failure_message(error, temporary, root)) from error.__cause__
     return final
+
+
+def _write_trainer_state(state: Dict[str, Any], path: Path) -> None:
+    """torch.save to memory, then one plain write: a full disk raises OSError here, not torch's zip writer's
+    RuntimeError, which could not be told from a bug."""
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    path.write_bytes(buffer.getvalue())
+
+
+def _save_failure_message(error: CheckpointSaveError, temporary: Path, root: Path) -> str:
+    """What failed where, the space left, and what `latest` still names; rank 0 removes the partial step
+    folder first (on a full disk it holds the space a next save needs)."""
+    if dist.get_rank() == 0:
+        shutil.rmtree(temporary, ignore_errors=True)
+    dist.barrier()
+    free = shutil.disk_usage(root).free if root.is_dir() else None
+    pointer = root / LATEST_FILE
+    previous = pointer.read_text().strip() if pointer.is_file() else "no step yet"
+    return (f"{error}. {temporary.name} was removed; "
+            + (f"{free / 2**30:.2f} GiB free on {root}'s filesystem; " if free is not None else "")
+            + f"`latest` still names {previous} (free space, then --resume continues from it)")
 
 
 def _publish(temporary: Path, final: Path, root: Path) -> None:

@@ -16,7 +16,7 @@ import torch
 from hacpo_megatron.checkpoint.hf_io import HFFolderError, HFWeights, WEIGHTS_INDEX_FILE
 from hacpo_megatron.checkpoint.megatron_io import CheckpointError, read_checkpoint_metadata
 from tests.checkpoint.hf_folders import ARCH_CONFIGS, LAYOUTS, make_hf_folder
-from tests.checkpoint.workers.checkpoint_worker import load_tool
+from tests.checkpoint.workers.checkpoint_worker import SMALL_DISK, load_tool
 from tests.models.torchrun import REPO, TORCHRUN, run_torchrun
 
 pytestmark = pytest.mark.distributed
@@ -30,7 +30,13 @@ def run(module_tmp):
     inputs, out = module_tmp("hf"), module_tmp("out")
     for arch in ARCHS:
         make_hf_folder(inputs / arch, arch)
-    run_torchrun(WORKER, 2, str(inputs), str(out), *ARCHS, timeout=300)
+    small_disk = out / SMALL_DISK  # a real full disk for the worker's last save: a 128 MiB tmpfs (needs root)
+    small_disk.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=128m", "tmpfs", str(small_disk)], check=True)
+    try:
+        run_torchrun(WORKER, 2, str(inputs), str(out), *ARCHS, timeout=300)
+    finally:
+        subprocess.run(["umount", str(small_disk)], check=True)
     reports = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
     return {"inputs": inputs, "out": out, "reports": reports}
 
@@ -123,6 +129,19 @@ def test_next_save_cleans_up_and_prunes(run):
     metadata = read_checkpoint_metadata(run["out"] / "run" / "step_00000002" / "alpha")
     assert metadata.has_optimizer and metadata.step == 2 and metadata.tensor_parallel == 2
     assert not read_checkpoint_metadata(run["out"] / "run" / "step_00000002" / "gamma").has_optimizer
+
+
+def test_a_save_onto_a_full_disk_fails_on_every_rank_with_one_message_and_latest_kept(run):
+    messages = {report["full_disk"]["outcome"] for report in run["reports"]}
+    assert len(messages) == 1  # both ranks raised CheckpointSaveError, with the same words
+    (message,) = messages
+    assert message.startswith("saving ") and "step_00000002.tmp" in message and "No space left on device" in message
+    assert "step_00000002.tmp was removed" in message and "GiB free on" in message
+    assert message.endswith("`latest` still names step_00000001 (free space, then --resume continues from it)")
+    for report in run["reports"]:
+        assert report["full_disk"]["latest"] == "step_00000001"
+        assert report["full_disk"]["entries"] == ["latest", "step_00000001"]  # no partial folder
+        assert report["full_disk"]["after_freeing"] == "step_00000002"
 
 
 def test_run_folder_exports_every_agent_of_latest(run):

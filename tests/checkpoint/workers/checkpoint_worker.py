@@ -8,13 +8,14 @@ For every test architecture (HF folders prepared by the test in IN/<arch>):
      directly at TP=1 / PP=2 (must be identical);
   4. export the TP=2 and PP=2 checkpoints back to HF (tools/convert_megatron_to_hf.py's function).
 Then, once: a training-style save of two agents (one on both ranks at TP=2, one on rank 1 only) with
-optimizer state, a crash injected in the middle of the next save, resume, keep_last pruning, and an
-export of the run folder (every agent of `latest`).
+optimizer state, a crash injected in the middle of the next save, resume, keep_last pruning, a save onto a
+disk that fills up (OUT/small_disk), and an export of the run folder (every agent of `latest`).
 
 usage: torchrun --nproc_per_node 2 checkpoint_worker.py IN OUT ARCH [ARCH ...]
 """
 from __future__ import annotations
 
+import errno
 import importlib.util
 import json
 import sys
@@ -39,6 +40,7 @@ from tests.checkpoint.hf_folders import LAYOUTS
 from tests.models.workers.reference import SEQUENCES
 
 TOOLS = Path(__file__).resolve().parents[3] / "tools"
+SMALL_DISK = "small_disk"  # OUT/small_disk: a small filesystem of its own, mounted by the test
 
 
 def load_tool(name: str):
@@ -216,9 +218,45 @@ def training_checks(inputs: Path, out: Path, report: dict) -> None:
     save_agents_checkpoint(root, 2, fresh_items, keep_last=1)
     report["after_save_2"] = {"latest": latest_checkpoint(root).name,
                               "entries": sorted(p.name for p in root.iterdir())}
+    full_disk_checks(out / SMALL_DISK / "run", fresh_items, report)
     # Export every agent of the run's latest step in one call.
     exported = to_hf.convert_megatron_to_hf(str(root), str(out / "run_hf"))
     report["run_export"] = {name: str(path) for name, path in exported.items()}
+
+
+def fill(path: Path) -> None:
+    """Write zeros into `path` until its filesystem refuses another byte."""
+    with open(path, "wb", buffering=0) as file:
+        for chunk in (2**20, 2**12, 1):
+            try:
+                while True:
+                    file.write(b"\0" * chunk)
+            except OSError as error:
+                if error.errno != errno.ENOSPC:
+                    raise
+
+
+def full_disk_checks(root: Path, items, report: dict) -> None:
+    """A disk that fills up under a save (a small tmpfs the test mounted at OUT/small_disk): step 1 fits, then a
+    file takes the rest. The step-2 save must fail on every rank together (no rank left at a barrier) with one
+    message, leave `latest` on step 1 and no partial folder, and succeed once the space is back."""
+    filler = root.parent / "filler"
+    save_agents_checkpoint(root, 1, items)
+    if dist.get_rank() == 0:
+        fill(filler)
+    dist.barrier()
+    try:
+        save_agents_checkpoint(root, 2, items)
+        outcome = "saved"
+    except megatron_io.CheckpointSaveError as error:
+        outcome = str(error)
+    report["full_disk"] = {"outcome": outcome, "latest": latest_checkpoint(root).name,
+                           "entries": sorted(p.name for p in root.iterdir())}
+    if dist.get_rank() == 0:
+        filler.unlink()
+    dist.barrier()
+    save_agents_checkpoint(root, 2, items)
+    report["full_disk"]["after_freeing"] = latest_checkpoint(root).name
 
 
 def main(inputs: Path, out: Path, archs) -> None:
