@@ -283,8 +283,8 @@ def _storage_errors() -> Tuple[type, ...]:
 
 
 def _cause(error: BaseException) -> str:
-    """One line for a failed write: the OSError's reason and file, or the first cause megatron's writer gathered
-    (torch's zip writer says "unexpected pos" when the disk fills under it)."""
+    """One line for a failed write: the OSError's reason and file, our CheckpointError's text, or (a
+    CheckpointException whose writer logged no reason) the first rank's exception that megatron gathered."""
     failures = getattr(error, "failures", None)
     if failures:  # CheckpointException: {rank: (exception, traceback)}
         error = next(iter(failures.values()))[0]
@@ -298,7 +298,7 @@ def _cause(error: BaseException) -> str:
 def _megatron_writers_own_reason() -> Iterator[None]:
     """Megatron's writer threads catch the real error of a failed write (on a full disk: "[Errno 28] No space
     left on device"), log it, and raise a CheckpointException that only says "<class 'RuntimeError'>"
-    (filesystem_async.py, megatron-core 0.15). The logged line is the reason: raised as a CheckpointError."""
+    (filesystem_async.py, megatron-core 0.19). The logged line is the reason: raised as a CheckpointError."""
     from megatron.core.dist_checkpointing.strategies import filesystem_async
     from torch.distributed.checkpoint.api import CheckpointException
 
