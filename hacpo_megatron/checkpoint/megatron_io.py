@@ -48,6 +48,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.distributed as dist
+from torch.distributed.checkpoint.api import CheckpointException
 
 from hacpo_megatron.checkpoint.hf_io import copy_tokenizer_files, fsync_tree, write_file_atomically
 from hacpo_megatron.checkpoint.integrity import write_manifest
@@ -80,6 +81,11 @@ class CheckpointError(ValueError):
 
 class CheckpointSaveError(CheckpointError):
     """A save that failed (a full or broken disk) on some rank; raised on every rank with every rank's reason."""
+
+
+# What a failing disk raises: our own writes an OSError (or our CheckpointError), megatron's writer torch's
+# CheckpointException (a BaseException) on every rank, holding each rank's cause.
+STORAGE_ERRORS = (OSError, CheckpointError, CheckpointException)
 
 
 @dataclass(frozen=True)
@@ -274,14 +280,6 @@ def save_agent_checkpoint(folder: PathLike, agent: AgentState, *, step: Optional
             _write_side_files(folder, agent, step)
 
 
-def _storage_errors() -> Tuple[type, ...]:
-    """What a failing disk raises: our own writes an OSError (or our CheckpointError), megatron's writer its
-    CheckpointException (torch's; a BaseException) on every rank, holding each rank's cause."""
-    from torch.distributed.checkpoint.api import CheckpointException
-
-    return OSError, CheckpointError, CheckpointException
-
-
 def _cause(error: BaseException) -> str:
     """One line for a failed write: the OSError's reason and file, our CheckpointError's text, or (a
     CheckpointException whose writer logged no reason) the first rank's exception that megatron gathered."""
@@ -300,7 +298,6 @@ def _megatron_writers_own_reason() -> Iterator[None]:
     left on device"), log it, and raise a CheckpointException that only says "<class 'RuntimeError'>"
     (filesystem_async.py, megatron-core 0.19). The logged line is the reason: raised as a CheckpointError."""
     from megatron.core.dist_checkpointing.strategies import filesystem_async
-    from torch.distributed.checkpoint.api import CheckpointException
 
     class Collect(logging.Handler):
         def emit(self, record: logging.LogRecord) -> None:
@@ -329,7 +326,7 @@ def _every_rank_learns_of_a_failure(what: str) -> Iterator[None]:
     error = None
     try:
         yield
-    except _storage_errors() as caught:
+    except STORAGE_ERRORS as caught:
         error = caught
     reports: List[Optional[str]] = [None] * dist.get_world_size()
     dist.all_gather_object(reports, None if error is None else f"rank {dist.get_rank()}: {_cause(error)}")
