@@ -447,7 +447,8 @@ def add_model_flops_utilisation(rows: List[Dict], infos: List[Dict], machine: Di
 
 def machine_info(threads: int) -> Dict:
     # the commit measured: HACPO_COMMIT where the tree travelled without .git (tools/gpu_pack.sh writes it)
-    return dict(commit=os.environ.get("HACPO_COMMIT") or git_commit(), cpus=os.cpu_count(), processor=platform.processor() or platform.machine(),
+    return dict(commit=os.environ.get("HACPO_COMMIT") or git_commit(), cpus=os.cpu_count(),
+                processor=platform.processor() or platform.machine(),
                 torch=torch.__version__, torch_threads=threads,
                 date=datetime.datetime.now().isoformat(timespec="seconds"),
                 load_before=[round(x, 2) for x in os.getloadavg()])

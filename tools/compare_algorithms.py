@@ -263,6 +263,93 @@ def final_accuracies(curves: Mapping[str, Mapping[int, float]]) -> Dict[str, flo
 CLIP_COLUMNS = ("below", "inside", "above", "mean_s", "right", "right_inside")
 
 
+# The paper's regime (issue 49): with lr 1e-6 on 128-prompt batches GSPO's own-row clip leaves most rows inside
+# (the GSPO paper: ~15 % of tokens clipped), and its cross clip [0.8, 1] was set for ratios near 0.9. A cell whose
+# updates after the first clip more than REGIME_OWN_CLIPPED_MAX of own rows throws most of its own answers away;
+# one whose weaker learner lets fewer than REGIME_RIGHT_THROUGH_MIN of the other's right answers through its
+# cross clip learns almost nothing from them. Either is outside the regime the paper's claim is about.
+REGIME_OWN_CLIPPED_MAX = 0.30
+REGIME_RIGHT_THROUGH_MIN = 0.30
+
+
+@dataclass
+class Regime:
+    own_by_update: Dict[int, float]  # update index m -> share of own rows outside GSPO's clip (mean over steps)
+    own_after_first: Optional[float]  # the same over the updates m >= 1
+    right_through: Optional[float]  # share of the other agents' right answers inside the cross clip
+    from_step_means: bool = False  # a run from before the per-update figures: estimated from each step's mean
+
+
+def _mean(values: Sequence[float]) -> Optional[float]:
+    finite = [v for v in values if isinstance(v, (int, float)) and math.isfinite(v)]
+    return sum(finite) / len(finite) if finite else None
+
+
+def regime_of(records: Sequence[Mapping[str, Any]]) -> Dict[str, Regime]:
+    """{agent: Regime} from a cell's training records. The per-update keys (`regime/own_clipped/u<m>`,
+    `regime/right_through/u<m>`, reporting/step_records.py) where the run wrote them; for older runs an
+    estimate from the step means, on the assumption that the first update, on-policy, clips nothing: the share
+    after it is the mean times M / (M - 1)."""
+    by_agent: Dict[str, List[Mapping[str, Any]]] = {}
+    for r in records:
+        if r.get("kind") == "train" and isinstance(r.get("step"), int):
+            by_agent.setdefault(r["agent"], []).append(r)
+    out = {}
+    for agent, rows in by_agent.items():
+        own: Dict[int, List[float]] = {}
+        through: List[float] = []
+        for r in rows:
+            for key, value in r.items():
+                if key.startswith("regime/own_clipped/u"):
+                    own.setdefault(int(key.rsplit("u", 1)[1]), []).append(value)
+                elif key.startswith("regime/right_through/u"):
+                    through.append(value)
+        if own or through:
+            by_update = {m: _mean(v) for m, v in sorted(own.items())}
+            after = _mean([v for m, values in own.items() if m >= 1 for v in values])
+            out[agent] = Regime(by_update, after, _mean(through))
+            continue
+        after = _mean([(r.get("own_clip_frac_lower", math.nan) + r.get("own_clip_frac_upper", math.nan))
+                       * r["num_updates"] / (r["num_updates"] - 1)
+                       for r in rows if r.get("num_updates", 1) > 1 and r.get("num_own")])
+        through = [r["cross_positive_inside_frac"] / r["cross_positive_frac"] for r in rows
+                   if r.get("num_cross") and r.get("cross_positive_frac", 0) > 0]
+        out[agent] = Regime({}, after, _mean(through), from_step_means=True)
+    return out
+
+
+def weaker_agent(curves: Mapping[str, Mapping[int, float]]) -> Optional[str]:
+    """The agent with the lowest held-out accuracy at the first evaluation (the one HACPO should lift)."""
+    first = {agent: points[min(points)] for agent, points in curves.items() if points}
+    return min(first, key=first.get) if len(first) > 1 else None
+
+
+def regime_verdict(agent: str, regime: Regime, weaker: Optional[str]) -> str:
+    problems = []
+    if regime.own_after_first is not None and regime.own_after_first > REGIME_OWN_CLIPPED_MAX:
+        problems.append(f"own clip {regime.own_after_first:.2f} > {REGIME_OWN_CLIPPED_MAX:.2f}")
+    if agent == weaker and regime.right_through is not None and regime.right_through < REGIME_RIGHT_THROUGH_MIN:
+        problems.append(f"cross clip lets {regime.right_through:.2f} < {REGIME_RIGHT_THROUGH_MIN:.2f} through")
+    return "**outside**: " + "; ".join(problems) if problems else "in"
+
+
+def regime_rows(results: Sequence[CellResult]) -> List[List[str]]:
+    """One row per cell and agent: own rows clipped at each update index, after the first, the other agents'
+    right answers let through, and whether the cell is in the paper's regime."""
+    def text(value: Optional[float]) -> str:
+        return "n/a" if value is None else f"{value:.2f}"
+
+    rows = []
+    for r in results:
+        weaker = weaker_agent(r.curves)
+        for agent, regime in r.regime.items():
+            by_update = " / ".join(f"{text(v)}" for v in regime.own_by_update.values()) or "(step means)"
+            rows.append([r.cell.variant.label, str(r.cell.seed), agent + (" (weaker)" if agent == weaker else ""),
+                         by_update, text(regime.own_after_first) + (" (est.)" if regime.from_step_means else ""),
+                         text(regime.right_through), regime_verdict(agent, regime, weaker)])
+    return rows
+
+
 def clip_diagnostics(records: Sequence[Mapping[str, Any]]) -> Dict[str, Dict[int, Dict[str, float]]]:
     """{agent: {step: ...}}: where the other agents' answers fell against the learner's cross clip [lo_m, 1],
     from its training records (each a mean over the step's updates, losses.py). below / inside / above: shares
@@ -382,6 +469,7 @@ class CellResult:
     curves: Dict[str, Dict[int, float]]
     outcome: str = "not run"  # what this call did: skipped / ran fresh / resumed / failed (exit N) / ...
     clip: Dict[str, Dict[int, Dict[str, float]]] = field(default_factory=dict)  # clip_diagnostics of its records
+    regime: Dict[str, Regime] = field(default_factory=dict)  # regime_of its records
     eval_problems: Optional[int] = None  # held-out problems per evaluation (run_info.json)
     # eval_scores.jsonl: agent -> step -> each held-out problem's score
     problem_scores: Dict[str, Dict[int, List[float]]] = field(default_factory=dict)
@@ -398,7 +486,7 @@ def collect_cell(cell: Cell, outcome: str = "not run") -> CellResult:
     curves = eval_curves(records)
     final = final_accuracies(curves) if state.status == FINISHED else {}
     return CellResult(cell, state, agent_names_of(config), final, curves, outcome, clip_diagnostics(records),
-                      eval_problems_of(cell.folder), problem_scores_of(cell.folder))
+                      regime_of(records), eval_problems_of(cell.folder), problem_scores_of(cell.folder))
 
 
 def problem_scores_of(folder: Path) -> Dict[str, Dict[int, List[float]]]:
@@ -596,6 +684,18 @@ def results_markdown(results: Sequence[CellResult], labels: Sequence[str], basel
                   "(paired t).", ""]
         lines += _difference_table([(other, row) for label, other in comparisons
                                     for row in difference_rows(results, label, other)])
+    regime = regime_rows(results)
+    if regime:
+        lines += ["", "## The regime: the paper's or not", "",
+                  "Per cell and agent, means over its steps: the share of own rows outside GSPO's clip at each "
+                  "update index of a step (u0 / u1 / ...: the first is on-policy), the same over the updates after "
+                  f"the first (more than {REGIME_OWN_CLIPPED_MAX:.0%}: most own answers thrown away, where the "
+                  "GSPO paper clips ~15 %), and the share of the other agents' right answers inside the learner's "
+                  f"cross clip (under {REGIME_RIGHT_THROUGH_MIN:.0%} for the weaker agent, the one with the lower "
+                  "first held-out accuracy: it learns almost nothing from them). (est.): a run from before the "
+                  "per-update figures, estimated from step means as if the first update clipped nothing.", ""]
+        lines += _markdown_table(["variant", "seed", "agent", "own clipped by update", "after the first",
+                                  "others' right answers through", "regime"], regime)
     clip_sections = [(label, clip_table(results, label)) for label in labels]
     if any(rows for _, rows in clip_sections):
         lines += ["", "## The other agents' answers against each learner's cross clip", "",

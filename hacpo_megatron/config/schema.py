@@ -82,7 +82,7 @@ class AlgorithmConfig:
     # before the step's updates). None keeps what the algorithm implies: hacpo source, naive learner.
     cross_old_logprob: Optional[Literal["source", "learner"]] = None
     omega_clamp: Optional[List[float]] = field(default_factory=lambda: [0.1, 10.0])  # null: no clamp
-    capability_window: int = 1  # W: steps averaged into P_k (paper 1, authors' code 5)
+    capability_window: int = 5  # W: steps averaged into P_k (the authors' launch scripts; the paper says none)
     advantage_eps: float = 1e-6
     kl_coef: float = 0.0  # low-var KL to the initial policy on own responses (authors: 0.001)
 

@@ -26,6 +26,22 @@ def mean_over_updates(updates: List[Dict[str, float]]) -> Dict[str, float]:
     out.update({key: float(np.nanmax(values[key])) for key in LARGEST_OVER_UPDATES_KEYS
                 if key in keys and any(np.isfinite(values[key]))})
     out["num_updates"] = float(len(updates))
+    out.update(regime_by_update(updates))
+    return out
+
+
+def regime_by_update(updates: List[Dict[str, float]]) -> Dict[str, float]:
+    """Per update m of the step, what says whether a run is in the paper's regime (tools/compare_algorithms.py):
+    `regime/own_clipped/u<m>`, the share of own rows outside GSPO's clip (the GSPO paper clips ~15 % of tokens;
+    the updates after the first are the ones that can clip), and `regime/right_through/u<m>`, the share of the
+    other agents' right answers (positive advantage) inside the cross clip [lo_m, 1]: those that moved it."""
+    out = {}
+    for m, u in enumerate(updates):
+        if u.get("num_own"):
+            out[f"regime/own_clipped/u{m}"] = float(u["own_clip_frac_lower"] + u["own_clip_frac_upper"])
+        right = u.get("cross_positive_frac", float("nan"))
+        if u.get("num_cross") and right > 0:
+            out[f"regime/right_through/u{m}"] = float(u["cross_positive_inside_frac"] / right)
     return out
 
 

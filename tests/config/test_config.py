@@ -47,7 +47,7 @@ def gguf_models_from_metadata(monkeypatch, tmp_path):
     checked in tests/checkpoint (test_gguf.py, test_smollm2_conversion.py, test_gemma3_conversion.py)."""
     from transformers import AutoConfig
 
-    from hacpo_megatron.checkpoint import gguf
+    from hacpo_megatron.checkpoint import derived_models, gguf
 
     def metadata_folder(name_or_path, cache_dir=None):
         if os.path.isdir(os.fspath(name_or_path)):
@@ -59,6 +59,9 @@ def gguf_models_from_metadata(monkeypatch, tmp_path):
         return folder
 
     monkeypatch.setattr(gguf, "resolve_model_source", metadata_folder)
+    # a derived model (the state pair's stronger state) has its base's architecture; the export is not made here
+    monkeypatch.setattr(derived_models, "resolve_derived_model",
+                        lambda name, cache_dir=None: metadata_folder(derived_models.DERIVED_MODELS[name].base))
 
 
 @pytest.mark.parametrize("path", sorted(glob.glob(os.path.join(REPO, "configs", "**", "*.yaml"), recursive=True)))

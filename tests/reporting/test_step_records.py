@@ -17,6 +17,19 @@ def test_a_steps_figures_are_the_updates_mean_but_the_bound_the_last_and_the_lar
     assert math.isnan(out["kl"]) and out["num_updates"] == 3.0
 
 
+def test_the_regime_figures_are_each_updates_own_rows_clipped_and_the_others_right_answers_let_through():
+    updates = [{"num_own": 8.0, "own_clip_frac_lower": 0.0, "own_clip_frac_upper": 0.0, "num_cross": 8.0,
+                "cross_positive_frac": 0.5, "cross_positive_inside_frac": 0.25},
+               {"num_own": 8.0, "own_clip_frac_lower": 0.25, "own_clip_frac_upper": 0.125, "num_cross": 8.0,
+                "cross_positive_frac": 0.0, "cross_positive_inside_frac": 0.0},
+               {"num_own": 0.0, "num_cross": 8.0, "cross_positive_frac": 0.75, "cross_positive_inside_frac": 0.75}]
+    out = mean_over_updates(updates)
+    assert out["regime/own_clipped/u0"] == 0.0 and out["regime/own_clipped/u1"] == 0.375  # lower + upper
+    assert "regime/own_clipped/u2" not in out  # no own rows in that update
+    assert out["regime/right_through/u0"] == 0.5 and out["regime/right_through/u2"] == 1.0  # of the right ones
+    assert "regime/right_through/u1" not in out  # no right answer among the others'
+
+
 def test_each_agent_gets_its_parts_omega_from_the_others_and_the_shared_figures():
     rewards = torch.tensor([[[1.0, 0.0]], [[0.0, 0.0]], [[1.0, 1.0]]])
     omega = torch.tensor([[1.0, 2.0, 0.5], [0.5, 1.0, 0.25], [2.0, 4.0, 1.0]])
