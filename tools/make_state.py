@@ -30,7 +30,7 @@ from hacpo_megatron.config import ConfigError, load_config  # noqa: E402
 
 
 def step_folder(run_dir: Path, step: int) -> Path:
-    return run_dir / f"step_{step:08d}"
+    return run_dir / "checkpoints" / f"step_{step:08d}"
 
 
 def held_out_accuracy(run_dir: Path, step: int, agent: str):
@@ -53,7 +53,7 @@ def train(config: str, run_dir: Path, steps) -> None:
     if all(step_folder(run_dir, s).is_dir() for s in steps):
         return
     command = [sys.executable, "-m", "hacpo_megatron.launch", "--config", config, "--output-dir", str(run_dir)]
-    if (run_dir / "latest").exists():
+    if (run_dir / "checkpoints" / "latest").exists():
         command.append("--resume")
     print("training:", " ".join(command), flush=True)
     subprocess.run(command, cwd=REPO, check=True)
