@@ -1,4 +1,6 @@
-"""Validate a config and print it resolved: python -m hacpo_megatron.config --config FILE [--set K=V ...]"""
+"""Validate a config and print it resolved: python -m hacpo_megatron.config --config FILE [--set K=V ...]
+
+--reference [FILE] writes the configuration reference generated from the schema (default: docs/config.md)."""
 import argparse
 import sys
 
@@ -14,7 +16,15 @@ def main(argv=None) -> int:
                         help="override any key, e.g. --set algorithm.alpha=3 --set agents.0.parallel.tensor=2")
     parser.add_argument("--print-world-size", action="store_true",
                         help="print only the number of processes the config needs (for torchrun --nproc_per_node)")
+    parser.add_argument("--reference", nargs="?", const="", default=None, metavar="FILE",
+                        help="write the configuration reference (every key, type, default and what it does) "
+                             "generated from the schema to FILE (default: docs/config.md), and exit")
     args = parser.parse_args(argv)
+    if args.reference is not None:
+        from hacpo_megatron.config.reference import DEFAULT_OUTPUT, write
+
+        print(f"wrote {write(args.reference or DEFAULT_OUTPUT)}")
+        return 0
     try:
         cfg = load_config(args.config, args.overrides)
     except ConfigError as exc:
