@@ -1,4 +1,5 @@
-"""Fixtures every test folder shares."""
+"""Fixtures and helpers every test folder shares."""
+import os
 import shutil
 
 import pytest
@@ -21,3 +22,11 @@ def module_tmp(request, tmp_path_factory):
     if request.session.testsfailed == failed_before:
         for path in made:
             shutil.rmtree(path, ignore_errors=True)
+
+
+def require_root(what: str) -> None:
+    """Skip the calling test or fixture, saying why, unless this process runs as root: a few tests make network
+    namespaces or mount a tmpfs, which only root may. CI runs as root, so it runs them; a user without root gets
+    the rest of the suite and these named as skipped (pytest's -ra summary), not failed."""
+    if os.geteuid() != 0:
+        pytest.skip(f"needs root ({what}); run as root, as CI does, to include it")

@@ -17,6 +17,7 @@ from hacpo_megatron.checkpoint.hf_io import HFFolderError, HFWeights, WEIGHTS_IN
 from hacpo_megatron.checkpoint.megatron_io import CheckpointError, read_checkpoint_metadata
 from tests.checkpoint.hf_folders import ARCH_CONFIGS, LAYOUTS, make_hf_folder
 from tests.checkpoint.workers.checkpoint_worker import SMALL_DISK, load_tool
+from tests.conftest import require_root
 from tests.models.torchrun import REPO, TORCHRUN, run_torchrun
 
 pytestmark = pytest.mark.distributed
@@ -27,6 +28,7 @@ to_megatron = load_tool("convert_hf_to_megatron")
 
 @pytest.fixture(scope="module")
 def run(module_tmp):
+    require_root("mounts a 128 MiB tmpfs to fill a real disk under a save")  # every test that uses `run` skips
     inputs, out = module_tmp("hf"), module_tmp("out")
     for arch in ARCHS:
         make_hf_folder(inputs / arch, arch)

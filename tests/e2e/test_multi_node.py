@@ -9,7 +9,7 @@ One module fixture makes every run once (2 steps, a checkpoint after each):
 and the tests read what they left. The resumed two-host run must give the one-host run's metrics: one
 comparison that a wrong placement, a wrong cross-host transport and a wrong resume each break (an
 uninterrupted two-host run as a third reference cost ~90 s of CI and checked nothing this does not).
-Needs root (namespaces); without it the fixture fails, it does not skip.
+Needs root (namespaces); without it every test here skips, saying so (tests/conftest.py: require_root).
 """
 import importlib.util
 import json
@@ -23,6 +23,7 @@ from types import SimpleNamespace
 import psutil
 import pytest
 
+from tests.conftest import require_root
 from tests.e2e.test_hacpo_run import ENTRY, REPO, TORCHRUN, comparable, metrics
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
@@ -100,6 +101,7 @@ def run_interrupted(cluster, out: Path, cache: Path) -> SimpleNamespace:
 
 @pytest.fixture(scope="module")
 def runs(module_tmp, cache):
+    require_root("makes two hosts of this machine with network and PID namespaces: tools/local_cluster.py")
     harness = load_harness()
     harness.clean_stale()  # clusters of test processes that died before their teardown
     tmp = module_tmp("multi_node")
