@@ -1,5 +1,6 @@
 # The two commands of the README:
-#   make run    set up .venv and run the main job on its default config
+#   make run    set up .venv (with vLLM's CPU build if the resolved config runs vLLM on a machine without CUDA)
+#               and run the main job on its default config
 #   make test   set up .venv (with vLLM's CPU build) and run the whole test suite: what CI runs
 # and, for iteration: make test-fast (no torchrun world, no vLLM, no real weights; docs/testing.md)
 # and, for benchmarks/bench_vs_trl.py only: make setup-bench (.venv-bench: .venv plus TRL)
@@ -30,10 +31,25 @@ $(BENCH_STAMP): $(STAMP)
 
 setup-bench: $(BENCH_STAMP)
 
-# a config with a vLLM engine gets vLLM's CPU build first (make setup-vllm)
-NEEDS_VLLM := $(shell grep -qE '^[^#]*engine:[[:space:]]*vllm' $(CONFIG) 2>/dev/null && echo yes)
+# vLLM follows the resolved config (its base: files and the --set of ARGS included), not the file's text:
+# `python -m hacpo_megatron.config --engines` names the engines the run starts. With a vllm engine, a machine without
+# CUDA gets vLLM's CPU build first (make setup-vllm); a CUDA machine needs vLLM's CUDA build, which make does not
+# install: there, with vLLM missing, it prints the pip line and stops. (SUBMAKE, not $(MAKE): `make -n run` would
+# run a line that names $(MAKE).)
+SUBMAKE := $(MAKE)
+HAS_CUDA := import sys, torch; sys.exit(not torch.cuda.is_available())
+HAS_VLLM := import importlib.util, sys; sys.exit(importlib.util.find_spec("vllm") is None)
 
-run: $(STAMP) $(if $(NEEDS_VLLM),$(VLLM_STAMP))
+run: $(STAMP)
+	@engines=$$($(PY) -m hacpo_megatron.config --config $(CONFIG) $(ARGS) --engines) || exit $$?; \
+	echo "engines of this run: $$(echo $$engines)"; \
+	if echo "$$engines" | grep -qx vllm; then \
+	  if ! $(PY) -c '$(HAS_CUDA)'; then $(SUBMAKE) --no-print-directory setup-vllm || exit $$?; \
+	  elif ! $(PY) -c '$(HAS_VLLM)'; then \
+	    echo "this config runs vLLM on a CUDA machine: install vLLM's CUDA build (make setup-vllm is the CPU one):" >&2; \
+	    echo "  .venv/bin/python -m pip install -e '.[vllm]'    (README.md: Quick start, on a GPU)" >&2; exit 1; \
+	  fi; \
+	fi
 	$(PY) -m hacpo_megatron.launch --config $(CONFIG) $(ARGS)
 
 # every run shows where its time goes: the 15 slowest tests
