@@ -459,3 +459,39 @@ def test_the_gain_over_the_run_in_standard_errors(tool, tmp_path):
     text = tool.results_markdown(results, ["hacpo"], None, {}, base_config="cfg.yaml", seeds=[1, 2],
                                  workdir=str(tmp_path))
     assert "## Held-out gain over the run" in text and f"| +0.200 | {se:.3f} (binomial) | +2.9 |" in text
+
+
+def test_the_regime_of_a_cell_from_per_update_figures_and_its_flags(tool):
+    """Own rows clipped per update index (means over steps), after the first, and the others' right answers let
+    through; flagged outside when updates after the first clip more than 30 %, or when the weaker agent (lower
+    first held-out accuracy) lets fewer than 30 % through. The stronger agent's cross figure is no flag."""
+    def train(step, agent, own, through):
+        return {"kind": "train", "step": step, "agent": agent,
+                **{f"regime/own_clipped/u{m}": v for m, v in enumerate(own)},
+                **{f"regime/right_through/u{m}": v for m, v in enumerate(through)}}
+
+    records = [train(1, "a", [0.0, 0.2, 0.4], [0.5, 0.1]), train(2, "a", [0.0, 0.4, 0.6], [0.3]),
+               train(1, "b", [0.0, 0.1, 0.1], [0.1]), train(2, "b", [0.0, 0.1, 0.3], [0.0])]
+    regime = tool.regime_of(records)
+    assert regime["a"].own_by_update == pytest.approx({0: 0.0, 1: 0.3, 2: 0.5})
+    assert regime["a"].own_after_first == pytest.approx(0.4) and regime["a"].right_through == pytest.approx(0.3)
+    assert regime["b"].own_after_first == pytest.approx(0.15) and not regime["b"].from_step_means
+    curves = {"a": {0: 0.6, 4: 0.7}, "b": {0: 0.3, 4: 0.5}}
+    assert tool.weaker_agent(curves) == "b"
+    assert tool.regime_verdict("a", regime["a"], "b").startswith("**outside**: own clip 0.40")
+    assert "cross clip" not in tool.regime_verdict("a", regime["a"], "b")  # a is the stronger: no cross flag
+    assert tool.regime_verdict("b", regime["b"], "b") == "**outside**: cross clip lets 0.05 < 0.30 through"
+    assert tool.regime_verdict("b", regime["b"], "a") == "in"
+
+
+def test_the_regime_of_a_run_from_before_the_per_update_figures_is_estimated_from_step_means(tool):
+    """M updates whose first is on-policy: the step mean of the clipped share times M / (M - 1)."""
+    records = [{"kind": "train", "step": 1, "agent": "a", "num_updates": 4.0, "num_own": 32.0,
+                "own_clip_frac_lower": 0.3, "own_clip_frac_upper": 0.15, "num_cross": 32.0,
+                "cross_positive_frac": 0.5, "cross_positive_inside_frac": 0.1},
+               {"kind": "train", "step": 1, "agent": "g", "num_updates": 1.0, "num_own": 8.0,
+                "own_clip_frac_lower": 0.0, "own_clip_frac_upper": 0.0}]
+    regime = tool.regime_of(records)
+    assert regime["a"].from_step_means and regime["a"].own_after_first == pytest.approx(0.45 * 4 / 3)
+    assert regime["a"].right_through == pytest.approx(0.2)
+    assert regime["g"].own_after_first is None  # one update a step: nothing after the first to clip
