@@ -29,18 +29,18 @@ and, per expert e, a GATED fc1 and a ROW fc2 as the dense MLP has them (`mlp.exp
 <-> `mlp.experts.local_experts.{e}.linear_fc1/linear_fc2`: megatron's SequentialMLP). These are the names of HF
 checkpoints (what `save_pretrained` writes, one tensor per expert); transformers 5 holds the experts fused in memory
 (`mlp.experts.gate_up_proj` [E, 2I, H], `mlp.experts.down_proj` [E, H, I]), and loading takes that form too
-(`PerExpertView`). Expert parallelism is 1 so far: local expert e is global expert e.
+(checkpoint/hf_experts.py). Expert parallelism is 1 so far: local expert e is global expert e.
 """
 from __future__ import annotations
 
 import enum
-import re
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
 
+from hacpo_megatron.checkpoint.hf_experts import PerExpertView
 from hacpo_megatron.models.architectures import Architecture, HFConfig, read_architecture
 from hacpo_megatron.models.build import padded_vocab_size
 from hacpo_megatron.parallel.groups import AgentParallel, collective_device
@@ -113,51 +113,6 @@ def _moe_tensor_maps(num_experts: int) -> List[TensorMap]:
                       Kind.ROW),
         ]
     return maps
-
-
-# One expert's projection as a HF checkpoint names it, and the fused tensors transformers 5 keeps in memory
-_PER_EXPERT_NAME = re.compile(r"^(?P<experts>.*\.mlp\.experts)\.(?P<expert>\d+)\.(?P<proj>gate_proj|up_proj|down_proj)"
-                              r"\.weight$")
-
-
-class PerExpertView(Mapping):
-    """HF tensors by checkpoint name, also where `state` holds a transformers model's fused experts (its
-    `state_dict()`: `...mlp.experts.gate_up_proj` [E, 2I, H] with gate rows first, `...mlp.experts.down_proj`
-    [E, H, I]): expert e's gate_proj, up_proj and down_proj are then views of those. Names `state` holds itself are
-    passed through; iterating lists `state`'s own names."""
-
-    def __init__(self, state: Mapping[str, torch.Tensor]):
-        self.state = state
-
-    def _fused(self, name: str) -> Optional[Tuple[str, int, str]]:
-        match = _PER_EXPERT_NAME.match(name)
-        if match is None:
-            return None
-        proj = match["proj"]
-        fused = f"{match['experts']}.{'down_proj' if proj == 'down_proj' else 'gate_up_proj'}"
-        return (fused, int(match["expert"]), proj) if fused in self.state else None
-
-    def __getitem__(self, name: str) -> torch.Tensor:
-        if name in self.state:
-            return self.state[name]
-        fused = self._fused(name)
-        if fused is None:
-            raise KeyError(name)
-        fused_name, expert, proj = fused
-        tensor = self.state[fused_name][expert]
-        if proj == "down_proj":
-            return tensor
-        gate, up = torch.chunk(tensor, 2, dim=0)  # transformers: gate, up = linear(x, gate_up_proj[e]).chunk(2, -1)
-        return gate if proj == "gate_proj" else up
-
-    def __contains__(self, name: object) -> bool:
-        return name in self.state or (isinstance(name, str) and self._fused(name) is not None)
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.state)
-
-    def __len__(self) -> int:
-        return len(self.state)
 
 
 def _gemma3_layer_tensor_maps() -> List[TensorMap]:

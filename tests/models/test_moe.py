@@ -279,7 +279,8 @@ def test_a_transformers_models_fused_experts_load_as_its_checkpoint_does(pair, w
     """transformers 5 keeps each layer's experts fused in memory (what the warm-up and the embedded engine hold):
     its state_dict() loads into the same megatron weights as the per-expert checkpoint it saves."""
     from hacpo_megatron.checkpoint.hf_io import read_hf_config
-    from hacpo_megatron.checkpoint.hf_mapping import PerExpertView, load_hf_state_dict_into_model
+    from hacpo_megatron.checkpoint.hf_experts import PerExpertView
+    from hacpo_megatron.checkpoint.hf_mapping import load_hf_state_dict_into_model
     from hacpo_megatron.models.build import build_agent_model
 
     hf, folder, agent = pair
@@ -313,3 +314,22 @@ def test_the_preset_builds_and_takes_the_weights_transformers_draws_for_it(world
         logits = agent.model(tokens, positions, attention_mask=None)[..., : preset["vocab_size"]]
         reference = hf(tokens).logits
     assert (logits - reference).abs().max().item() < TOLERANCE
+
+
+def test_the_embedded_engine_takes_the_trainers_weights(pair, world):
+    """The weight push to the embedded engine: the trainer sends one tensor per expert (checkpoint names); the
+    engine's transformers model, which holds its experts fused, ends up with exactly those weights."""
+    from hacpo_megatron.checkpoint.hf_io import read_hf_config
+    from hacpo_megatron.checkpoint.hf_mapping import iter_hf_tensors
+    from hacpo_megatron.rollout.embedded import EmbeddedEngine
+
+    hf, folder, agent = pair
+    engine = EmbeddedEngine(random_hf_model(hf.config, seed=5), None, eos_token_ids=[1], pad_token_id=0)
+    sent = list(iter_hf_tensors(agent.model, read_hf_config(folder), world))
+    assert not engine.check_weights(sent).equal  # another random model before the push
+    engine.update_weights(sent)
+    check = engine.check_weights(sent)
+    assert check.equal and check.max_abs_diff == 0.0 and not (check.missing or check.unsent), check
+    tokens = tokens_batch()
+    with torch.no_grad():
+        assert torch.equal(engine.model(tokens).logits, hf(tokens).logits)
