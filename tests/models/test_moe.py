@@ -333,3 +333,24 @@ def test_the_embedded_engine_takes_the_trainers_weights(pair, world):
     tokens = tokens_batch()
     with torch.no_grad():
         assert torch.equal(engine.model(tokens).logits, hf(tokens).logits)
+
+
+@pytest.mark.parametrize("packing", [dict(max_tokens_per_micro_batch=48), dict(share_prompts=True)],
+                         ids=["packed", "shared_prompts"])
+def test_the_trainers_logprobs_equal_transformers_however_rows_are_packed(pair, packing):
+    """Dropless routing: a token's experts do not depend on the other tokens of its micro-batch, so the trainer's
+    log-prob pass (models/logprobs.py: sequences packed end to end, or responses sharing their prompt's row) gives
+    transformers' log-probs of each sequence alone (with a capacity factor of 1 instead, every case here fails).
+    The bound is the logits test's: these logits reach 36, divided by a temperature of 0.7."""
+    from hacpo_megatron.models.logprobs import compute_sequence_logprobs
+    from tests.models.workers.reference import SHARED_PROMPT_SEQUENCES, TEMPERATURE, hf_token_logprobs
+
+    hf, _, agent = pair
+    sequences = SHARED_PROMPT_SEQUENCES
+    logprobs = compute_sequence_logprobs(agent, sequences, temperature=TEMPERATURE, **packing)
+    with torch.no_grad():
+        reference = hf_token_logprobs(hf, sequences)
+    assert logprobs.lengths.tolist() == [len(r) for _, r in sequences]
+    worst = max((logprobs.token_logprobs[i, : len(r)] - r).abs().max().item() for i, r in enumerate(reference))
+    print(f"\nmax |log-prob difference| {worst:.2e}")
+    assert worst < TOLERANCE
