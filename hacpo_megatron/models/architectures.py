@@ -385,9 +385,10 @@ def _gemma3_config_settings(arch: Architecture) -> Dict[str, Any]:
 
 def moe_config_settings(moe: MoE) -> Dict[str, Any]:
     """megatron's MoE settings that compute what transformers' Qwen3-MoE block computes (the class `MoE` says how
-    the two routers' weights correspond). Dropless: no capacity factor, so no token is dropped and routing does not
-    depend on how rows are packed. The `allgather` dispatcher: at expert parallelism 1 it only permutes tokens
-    locally (megatron refuses it with `variable_seq_lengths`, i.e. PP > 1: presets.layout_problems)."""
+    the two routers' weights correspond). Dropless: no capacity factor, so no token is dropped and a token's output
+    does not depend on the other tokens of its micro-batch (how rows are packed). The `allgather` dispatcher: at
+    expert parallelism 1 it only permutes tokens locally (megatron refuses it with `variable_seq_lengths`, i.e.
+    PP > 1: presets.layout_problems)."""
     return dict(
         num_moe_experts=moe.num_experts,
         moe_router_topk=moe.top_k,
