@@ -1,4 +1,4 @@
-"""Megatron <-> Hugging Face weights for Qwen3, Qwen2/2.5, Llama 3.x and Gemma 3, in one place.
+"""Megatron <-> Hugging Face weights for Qwen3, Qwen2/2.5, Llama 3.x, Gemma 3 and Qwen3-MoE, in one place.
 
 A weight goes through three forms:
 
@@ -23,6 +23,13 @@ VOCAB       rows padded with zeros to megatron's        rows split in TP chunks
 Pipeline parallelism only decides which stage holds a layer: local layer i of a stage is global
 layer `layer.layer_number - 1`. The layer norms of the TE spec live inside the fused linear
 (`linear_qkv.layer_norm_weight`, `linear_fc1.layer_norm_weight`); a `TensorMap` lists both names.
+
+Qwen3-MoE replaces the MLP maps with its router (HF `mlp.gate.weight`, megatron `mlp.router.weight`, REPLICATED)
+and, per expert e, a GATED fc1 and a ROW fc2 as the dense MLP has them (`mlp.experts.{e}.gate_proj/up_proj/down_proj`
+<-> `mlp.experts.local_experts.{e}.linear_fc1/linear_fc2`: megatron's SequentialMLP). These are the names of HF
+checkpoints (what `save_pretrained` writes, one tensor per expert); transformers 5 holds the experts fused in memory
+(`mlp.experts.gate_up_proj` [E, 2I, H], `mlp.experts.down_proj` [E, H, I]), and loading takes that form too
+(checkpoint/hf_experts.py). Expert parallelism is 1 so far: local expert e is global expert e.
 """
 from __future__ import annotations
 
@@ -33,6 +40,7 @@ from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Seque
 import torch
 import torch.distributed as dist
 
+from hacpo_megatron.checkpoint.hf_experts import PerExpertView
 from hacpo_megatron.models.architectures import Architecture, HFConfig, read_architecture
 from hacpo_megatron.models.build import padded_vocab_size
 from hacpo_megatron.parallel.groups import AgentParallel, collective_device
@@ -83,14 +91,27 @@ def layer_tensor_maps(arch: Architecture) -> List[TensorMap]:
         _O_PROJ,
         # HF Llama/Qwen call the pre-MLP norm post_attention_layernorm
         _pre_norm("pre_mlp_layernorm", "mlp.linear_fc1.layer_norm_weight", "post_attention_layernorm"),
-        _FC1,
-        _FC2,
+        *(_moe_tensor_maps(arch.moe.num_experts) if arch.moe is not None else [_FC1, _FC2]),
     ]
     if arch.qkv_bias:  # Qwen2
         maps.append(TensorMap(("self_attention.linear_qkv.bias",),
                               ("self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias"), Kind.QKV))
     if arch.qk_layernorm:  # Qwen3
         maps += _QK_NORMS
+    return maps
+
+
+def _moe_tensor_maps(num_experts: int) -> List[TensorMap]:
+    """A Qwen3-MoE layer's router and experts (expert parallelism 1: megatron's local expert e is HF's expert e).
+    Each expert's fc1 is [gate; up] and its fc2 the down projection, split over TP as the dense MLP's are."""
+    maps = [TensorMap(("mlp.router.weight",), ("mlp.gate.weight",), Kind.REPLICATED)]
+    for e in range(num_experts):
+        maps += [
+            TensorMap((f"mlp.experts.local_experts.{e}.linear_fc1.weight",),
+                      (f"mlp.experts.{e}.gate_proj.weight", f"mlp.experts.{e}.up_proj.weight"), Kind.GATED),
+            TensorMap((f"mlp.experts.local_experts.{e}.linear_fc2.weight",), (f"mlp.experts.{e}.down_proj.weight",),
+                      Kind.ROW),
+        ]
     return maps
 
 
@@ -247,10 +268,13 @@ def load_hf_state_dict_into_model(
     """Copy this rank's TP shard of this stage's layers from FULL HF tensors into `model`.
 
     Not collective: every member rank reads what it needs from `hf_state_dict` (e.g. a lazily
-    loaded safetensors mapping). Padded vocabulary rows become zeros.
+    loaded safetensors mapping). Padded vocabulary rows become zeros. Experts may come one tensor each (a
+    checkpoint) or fused (a transformers model's state_dict, e.g. the supervised warm-up's): `PerExpertView`.
     """
     arch = read_architecture(hf_config)
     padded = padded_vocab_size(arch.vocab_size, agent_parallel.tp_size)
+    if arch.moe is not None:  # a checkpoint's per-expert tensors, or a transformers model's fused ones
+        hf_state_dict = PerExpertView(hf_state_dict)
     for tensor in local_tensors(model, arch):
         missing = [n for n in tensor.hf_names if n not in hf_state_dict]
         if missing:

@@ -16,6 +16,12 @@ embeddings, sliding-window layers with their own RoPE base, attention scale 1/sq
 models/gemma3.py builds it; `Architecture` carries its extra numbers (`activation`, `query_pre_attn_scalar`,
 `sliding_window`, `layer_types`, `sliding_rope_theta`), which keep their neutral defaults for the others.
 
+Qwen3-MoE (`Qwen3MoeForCausalLM`) is Qwen3 with every layer's MLP replaced by a mixture of experts: a router
+(a linear layer to one logit per expert), top-k routing, and per-expert SwiGLU MLPs of `moe_intermediate_size`.
+`Architecture.moe` (a `MoE`) carries those numbers (None for the dense families); megatron builds the layer
+with its own MoE modules (router, `allgather` token dispatcher, `SequentialMLP` experts without Transformer
+Engine). What is built so far and what is still to come: docs/moe.md.
+
 `read_architecture` reduces a HF config (a dict in either transformers 4.x style, `rope_theta` /
 `rope_scaling`, or 5.x style, `rope_parameters`, or a `PretrainedConfig`) to an `Architecture`: the
 numbers a megatron model needs, with transformers' own defaults filled in.
@@ -37,11 +43,12 @@ _FAMILIES = {
     "Qwen2ForCausalLM": ("qwen2", True, False),
     "LlamaForCausalLM": ("llama", False, False),
     "Gemma3ForCausalLM": ("gemma3", False, True),
+    "Qwen3MoeForCausalLM": ("qwen3_moe", False, True),
 }
 assert set(_FAMILIES) == set(SUPPORTED_ARCHITECTURES)
 
 _MODEL_TYPE_TO_ARCHITECTURE = {"qwen3": "Qwen3ForCausalLM", "qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM",
-                               "gemma3_text": "Gemma3ForCausalLM"}
+                               "gemma3_text": "Gemma3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM"}
 SLIDING_ATTENTION, FULL_ATTENTION = "sliding_attention", "full_attention"  # HF's `layer_types` values
 
 
@@ -53,6 +60,24 @@ class Llama3RopeScaling:
     low_freq_factor: float
     high_freq_factor: float
     original_max_position_embeddings: int
+
+
+@dataclass(frozen=True)
+class MoE:
+    """The mixture of experts of a Qwen3-MoE layer (HF Qwen3MoeSparseMoeBlock), in HF's terms.
+
+    transformers' router: probs = softmax(logits) over all experts, the top `top_k` kept, divided by their sum when
+    `norm_topk_prob`. megatron computes the same weights two ways (moe_utils.topk_routing_with_score_function):
+    softmax over the top-k logits (`moe_router_pre_softmax=False`: the normalised form, since
+    exp(l_i) / sum_topk exp(l_j) = p_i / sum_topk p_j) or softmax over all logits, then top-k
+    (`moe_router_pre_softmax=True`: the unnormalised form). See `moe_config_settings`.
+    """
+
+    num_experts: int
+    top_k: int  # experts per token (HF num_experts_per_tok)
+    ffn_hidden_size: int  # of each expert (HF moe_intermediate_size)
+    norm_topk_prob: bool  # the kept probabilities divided by their sum
+    aux_loss_coeff: float  # HF router_aux_loss_coef (its load-balancing loss's weight)
 
 
 @dataclass(frozen=True)
@@ -81,12 +106,14 @@ class Architecture:
     sliding_window: Optional[int] = None  # keys a sliding layer sees, its own included (HF's `sliding_window`)
     layer_types: Tuple[str, ...] = ()  # per layer: sliding_attention | full_attention; (): all full
     sliding_rope_theta: Optional[float] = None  # RoPE base of the sliding layers (`rope_theta` is the full ones')
+    # Qwen3-MoE: every layer's MLP is a mixture of experts (None: a dense MLP of ffn_hidden_size)
+    moe: Optional[MoE] = None
 
     @property
     def layout_shape(self) -> Dict[str, int]:
         """What a TP x PP layout must divide (presets.layout_problems)."""
         return {"num_attention_heads": self.num_attention_heads, "num_key_value_heads": self.num_query_groups,
-                "num_hidden_layers": self.num_layers}
+                "num_hidden_layers": self.num_layers, "num_experts": self.moe.num_experts if self.moe else 0}
 
     @property
     def softmax_scale(self) -> Optional[float]:
@@ -176,6 +203,43 @@ def _gemma3_settings(config: Any) -> Dict[str, Any]:
                 rope_theta=thetas[FULL_ATTENTION], sliding_rope_theta=thetas[SLIDING_ATTENTION])
 
 
+# Keys of other MoE families' configs (Qwen2-MoE, DeepSeek) for shared experts, which Qwen3-MoE does not have
+_SHARED_EXPERT_KEYS = ("shared_expert_intermediate_size", "n_shared_experts", "num_shared_experts")
+
+
+def _qwen3_moe_settings(config: Any) -> Dict[str, Any]:
+    """Qwen3-MoE's experts (HF Qwen3MoeConfig), after refusing, by key, what this family does not build here."""
+    def unsupported(key: str, why: str) -> ValueError:
+        return ValueError(f"Qwen3-MoE with {key}={getattr(config, key)!r} is not supported: {why}")
+
+    for key in _SHARED_EXPERT_KEYS:
+        if getattr(config, key, None):
+            raise unsupported(key, "shared experts are not built for this family")
+    # HF: layer i is MoE unless i is in mlp_only_layers or (i + 1) % decoder_sparse_step != 0; those are dense
+    if int(getattr(config, "decoder_sparse_step", 1)) != 1:
+        raise unsupported("decoder_sparse_step", "every layer must be a mixture of experts (1), as in the released "
+                          "Qwen3-MoE models; dense layers between them are not built")
+    if list(getattr(config, "mlp_only_layers", None) or []):
+        raise unsupported("mlp_only_layers", "every layer must be a mixture of experts ([]), as in the released "
+                          "Qwen3-MoE models; dense layers between them are not built")
+    if getattr(config, "attention_bias", False):
+        raise unsupported("attention_bias", "Qwen3's attention has no biases")
+    experts, top_k = int(config.num_experts), int(config.num_experts_per_tok)
+    if experts < 1:
+        raise unsupported("num_experts", "a mixture of experts needs at least one expert")
+    if not 1 <= top_k <= experts:
+        raise unsupported("num_experts_per_tok", f"must be between 1 and num_experts ({experts})")
+    norm_topk_prob = bool(config.norm_topk_prob)
+    if top_k == 1 and norm_topk_prob:
+        # transformers then weights each token's one expert by exactly 1; megatron refuses a softmax over a single
+        # top-k logit (TransformerConfig: "Please use --moe-router-pre-softmax when topk is 1"), and its other form
+        # weights the expert by its unnormalised probability: the two models would differ
+        raise unsupported("norm_topk_prob", "with num_experts_per_tok=1 transformers weights the chosen expert by 1, "
+                          "which megatron's router does not compute")
+    return dict(moe=MoE(num_experts=experts, top_k=top_k, ffn_hidden_size=int(config.moe_intermediate_size),
+                        norm_topk_prob=norm_topk_prob, aux_loss_coeff=float(config.router_aux_loss_coef)))
+
+
 def read_architecture(hf_config: HFConfig) -> Architecture:
     """Reduce a HF config to the numbers a megatron model needs. ValueError if unsupported."""
     import transformers
@@ -195,7 +259,7 @@ def read_architecture(hf_config: HFConfig) -> Architecture:
             raise ValueError("Llama with attention_bias/mlp_bias is not supported")
         if getattr(config, "hidden_act", "silu") != "silu":
             raise ValueError(f"hidden_act {config.hidden_act!r} is not supported (SwiGLU with silu only)")
-        extra = {}
+        extra = _qwen3_moe_settings(config) if family == "qwen3_moe" else {}
         rope_theta, rope_scaling = _rope(config)
     return Architecture(
         hf_architecture=hf_architecture,
@@ -296,6 +360,8 @@ def transformer_config(
     )
     if arch.family == "gemma3":
         settings.update(_gemma3_config_settings(arch))
+    if arch.moe is not None:
+        settings.update(moe_config_settings(arch.moe))
     settings.update(overrides)
     return TransformerConfig(**settings)
 
@@ -314,6 +380,34 @@ def _gemma3_config_settings(arch: Architecture) -> Dict[str, Any]:
         window_attn_skip_freq=arch.sliding_layers,  # a list: 1 where the layer slides
         # TE's name for x * (1 + w); the local spec's Gemma3RMSNorm computes that whatever this says
         layernorm_zero_centered_gamma=True,
+    )
+
+
+def moe_config_settings(moe: MoE) -> Dict[str, Any]:
+    """megatron's MoE settings that compute what transformers' Qwen3-MoE block computes (the class `MoE` says how
+    the two routers' weights correspond). Dropless: no capacity factor, so no token is dropped and a token's output
+    does not depend on the other tokens of its micro-batch (how rows are packed). The `allgather` dispatcher: at
+    expert parallelism 1 it only permutes tokens locally (megatron refuses it with `variable_seq_lengths`, i.e.
+    PP > 1: presets.layout_problems)."""
+    return dict(
+        num_moe_experts=moe.num_experts,
+        moe_router_topk=moe.top_k,
+        moe_ffn_hidden_size=moe.ffn_hidden_size,
+        moe_router_score_function="softmax",
+        moe_router_pre_softmax=not moe.norm_topk_prob,  # softmax over all, then top-k: no renormalisation
+        moe_router_topk_scaling_factor=None,
+        moe_token_dispatcher_type="allgather",
+        moe_expert_capacity_factor=None,  # dropless
+        moe_pad_expert_input_to_capacity=False,
+        moe_router_load_balancing_type="aux_loss",
+        # the same coefficient; the loss it weights is not HF's: docs/moe.md (per layer and divided by top-k)
+        moe_aux_loss_coeff=moe.aux_loss_coeff,
+        moe_z_loss_coeff=None,
+        moe_input_jitter_eps=None,
+        moe_shared_expert_intermediate_size=None,
+        moe_grouped_gemm=False,  # SequentialMLP: one MLP per expert (grouped GEMM needs TE)
+        moe_permute_fusion=False,  # TE kernels
+        moe_router_fusion=False,
     )
 
 
@@ -340,10 +434,12 @@ def layer_spec(arch: Architecture, *, use_transformer_engine: Optional[bool] = N
 
     if use_transformer_engine is None:
         use_transformer_engine = transformer_engine_available()
+    # a mixture of experts: megatron's MoE layer, one MLP per expert (SequentialMLP; no grouped GEMM)
+    experts = dict(num_experts=arch.moe.num_experts, moe_grouped_gemm=False) if arch.moe is not None else {}
     if use_transformer_engine:
-        return get_gpt_layer_with_transformer_engine_spec(qk_layernorm=arch.qk_layernorm)
+        return get_gpt_layer_with_transformer_engine_spec(qk_layernorm=arch.qk_layernorm, **experts)
     from hacpo_megatron.models.attention import CoreAttention
 
-    spec = get_gpt_layer_local_spec(qk_layernorm=arch.qk_layernorm, normalization="RMSNorm")
+    spec = get_gpt_layer_local_spec(qk_layernorm=arch.qk_layernorm, normalization="RMSNorm", **experts)
     spec.submodules.self_attention.submodules.core_attention = CoreAttention
     return spec

@@ -11,7 +11,8 @@ import json
 import os
 from typing import Any, Dict
 
-SUPPORTED_ARCHITECTURES = ("Qwen3ForCausalLM", "Qwen2ForCausalLM", "LlamaForCausalLM", "Gemma3ForCausalLM")
+SUPPORTED_ARCHITECTURES = ("Qwen3ForCausalLM", "Qwen2ForCausalLM", "LlamaForCausalLM", "Gemma3ForCausalLM",
+                           "Qwen3MoeForCausalLM")
 
 _QWEN3 = dict(
     architectures=["Qwen3ForCausalLM"], model_type="qwen3", hidden_act="silu", attention_bias=False,
@@ -32,6 +33,15 @@ _GEMMA3 = dict(
     rope_parameters=dict(sliding_attention=dict(rope_type="default", rope_theta=10000.0),
                          full_attention=dict(rope_type="default", rope_theta=1000000.0)),
     tie_word_embeddings=True, bos_token_id=2, eos_token_id=1, pad_token_id=0,
+)
+
+# Qwen3-MoE (Qwen3-30B-A3B's settings): Qwen3's attention, every layer's MLP a mixture of experts whose top-k
+# probabilities are renormalised (norm_topk_prob)
+_QWEN3_MOE = dict(
+    architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", hidden_act="silu", attention_bias=False,
+    rms_norm_eps=1e-6, vocab_size=151936, head_dim=128, rope_theta=1000000.0, max_position_embeddings=40960,
+    decoder_sparse_step=1, mlp_only_layers=[], norm_topk_prob=True, router_aux_loss_coef=0.001,
+    bos_token_id=151643, eos_token_id=151645,
 )
 
 
@@ -75,6 +85,13 @@ PRESETS: Dict[str, Dict[str, Any]] = {
                         num_key_value_heads=2, head_dim=32, query_pre_attn_scalar=24, sliding_window=8,
                         layer_types=["sliding_attention", "full_attention", "sliding_attention", "sliding_attention"],
                         max_position_embeddings=2048),
+    # a mixture of experts in small, with tiny-qwen3's width, heads and tokenizer: 8 experts (EP=2 and 4 divide them),
+    # 2 per token, each expert half as wide as tiny-qwen3's MLP (a token goes through as many expert weights as a
+    # tiny-qwen3 token through its MLP); 2 layers; random init (docs/moe.md)
+    "qwen3-moe-tiny": dict(_QWEN3_MOE, hidden_size=64, intermediate_size=192, moe_intermediate_size=96,
+                           num_experts=8, num_experts_per_tok=2, num_hidden_layers=2, num_attention_heads=4,
+                           num_key_value_heads=2, head_dim=32, tie_word_embeddings=True, max_position_embeddings=2048,
+                           eos_token_id=151643),
     "tiny-qwen2": dict(architectures=["Qwen2ForCausalLM"], model_type="qwen2", hidden_act="silu",
                        rms_norm_eps=1e-6, vocab_size=151936, hidden_size=128, intermediate_size=384,
                        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, rope_theta=1000000.0,
@@ -103,6 +120,9 @@ def attention_shape(hf_config: Dict[str, Any]) -> Dict[str, int]:
         "num_attention_heads": heads,
         "num_key_value_heads": int(hf_config.get("num_key_value_heads") or heads),
         "num_hidden_layers": int(hf_config["num_hidden_layers"]),
+        # experts of a mixture-of-experts model (Qwen3-MoE: `num_experts`, saved by transformers 5 as
+        # `num_local_experts`); 0 for a dense one
+        "num_experts": int(hf_config.get("num_experts") or hf_config.get("num_local_experts") or 0),
     }
 
 
@@ -117,6 +137,14 @@ def layout_problems(shape: Dict[str, int], tp: int, pp: int, model: str) -> Dict
                               f"of {model}" + fewer_kv_heads_than_tp(kv, tp))
     if pp >= 1 and layers % pp:
         problems["pipeline"] = f"PP={pp} must divide the {layers} layers of {model}"
+    if shape.get("num_experts"):  # a mixture of experts: one layout so far (docs/moe.md)
+        if tp > 1 and "tensor" not in problems:
+            problems["tensor"] = (f"TP={tp} with the mixture of experts of {model} is not supported yet: megatron's "
+                                  "MoE layer needs sequence parallelism at TP > 1, which is not set up here; use TP=1")
+        if pp > 1 and "pipeline" not in problems:
+            problems["pipeline"] = (f"PP={pp} with the mixture of experts of {model} is not supported yet: megatron's "
+                                    "allgather token dispatcher refuses the variable sequence lengths that pipeline "
+                                    "stages exchange; use PP=1")
     return problems
 
 

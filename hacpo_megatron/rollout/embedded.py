@@ -14,6 +14,7 @@ from typing import Dict, List, Sequence, Tuple
 
 import torch
 
+from hacpo_megatron.checkpoint.hf_experts import per_expert_tensors
 from hacpo_megatron.rollout.base import (
     Completion, NamedTensors, RolloutEngine, SamplingParams, WeightCheck, compare_state,
 )
@@ -165,8 +166,10 @@ class EmbeddedEngine(RolloutEngine):
 
     # ------------------------------------------------------------------ weights
     def _named_weights(self) -> Dict[str, torch.Tensor]:
-        # state_dict lists tied weights under both names (embed_tokens and lm_head), as HF checkpoints do
-        return dict(self.model.state_dict())
+        # state_dict lists tied weights under both names (embed_tokens and lm_head), as HF checkpoints do; a mixture
+        # of experts (Qwen3-MoE) holds its experts fused, which are listed as one view per expert and projection, by
+        # the checkpoint names the trainer sends
+        return per_expert_tensors(self.model.state_dict())
 
     @torch.no_grad()
     def update_weights(self, bucket: Sequence[Tuple[str, torch.Tensor]]) -> None:

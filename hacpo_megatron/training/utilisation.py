@@ -33,10 +33,15 @@ _FMA = 2
 
 def layer_flops_per_token(arch: Architecture) -> float:
     """Forward FLOPs of one token through the transformer layers' weight GEMMs: Q/K/V and output
-    projections and the gated MLP (gate, up, down: every supported family uses SwiGLU)."""
+    projections and the gated MLP (gate, up, down: every supported family uses SwiGLU); in a mixture of experts
+    the router and the top-k experts the token goes through."""
     q = arch.num_attention_heads * arch.head_dim
     kv = arch.num_query_groups * arch.head_dim
-    per_layer = arch.hidden_size * (q + 2 * kv) + q * arch.hidden_size + 3 * arch.hidden_size * arch.ffn_hidden_size
+    if arch.moe is None:
+        mlp = 3 * arch.hidden_size * arch.ffn_hidden_size
+    else:
+        mlp = arch.hidden_size * arch.moe.num_experts + 3 * arch.hidden_size * arch.moe.top_k * arch.moe.ffn_hidden_size
+    per_layer = arch.hidden_size * (q + 2 * kv) + q * arch.hidden_size + mlp
     return _FMA * arch.num_layers * per_layer
 
 

@@ -1,0 +1,356 @@
+"""Qwen3-MoE as a model family (item 1 of issue 52): the HF config read into megatron's MoE settings, logits of the
+megatron model equal to transformers' Qwen3MoeForCausalLM, exact weight round trips, and what the family refuses.
+
+One process: the megatron models are built in a gloo world of this one process (`world`, torn down at the end of
+the module), at expert parallelism 1 (the only layout so far, docs/moe.md).
+"""
+from pathlib import Path
+
+import pytest
+import torch
+
+from hacpo_megatron.models.architectures import MoE, read_architecture, transformer_config
+from hacpo_megatron.models.presets import PRESETS, attention_shape, layout_problems
+
+VOCAB = 1000  # not a multiple of 128: megatron pads it
+EXPERTS, TOP_K = 8, 2
+TOLERANCE = 1e-4  # max |logit difference| in float32, as the dense and Gemma 3 parity tests allow
+
+
+def tiny_config(**changes):
+    """A transformers Qwen3MoeConfig: 2 layers, 8 experts, 2 per token, untied embeddings."""
+    import transformers
+
+    settings = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, moe_intermediate_size=48,
+                    num_experts=EXPERTS, num_experts_per_tok=TOP_K, num_hidden_layers=2, num_attention_heads=4,
+                    num_key_value_heads=2, head_dim=32, norm_topk_prob=True, router_aux_loss_coef=0.02,
+                    tie_word_embeddings=False, max_position_embeddings=256, bos_token_id=0, eos_token_id=1)
+    settings.update(changes)
+    return transformers.Qwen3MoeConfig(**settings)
+
+
+# ------------------------------------------------------------------------------------------------
+# (a) the config mapping
+# ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("norm_topk_prob", [True, False])
+def test_the_hf_config_becomes_megatrons_moe_settings(norm_topk_prob):
+    hf_config = tiny_config(norm_topk_prob=norm_topk_prob)
+    arch = read_architecture(hf_config)
+    # a config object, its to_dict() (transformers 5 writes num_experts as num_local_experts and no architectures)
+    assert read_architecture(hf_config.to_dict()) == arch
+    assert arch.family == "qwen3_moe" and arch.hf_architecture == "Qwen3MoeForCausalLM"
+    assert arch.qk_layernorm and not arch.qkv_bias and not arch.tie_word_embeddings
+    assert arch.moe == MoE(num_experts=8, top_k=2, ffn_hidden_size=48, norm_topk_prob=norm_topk_prob,
+                           aux_loss_coeff=0.02)
+    config = transformer_config(arch)
+    assert (config.num_moe_experts, config.moe_router_topk, config.moe_ffn_hidden_size) == (8, 2, 48)
+    # renormalised top-k probabilities = softmax over the top-k logits; unnormalised = softmax first, then top-k
+    assert config.moe_router_score_function == "softmax"
+    assert config.moe_router_pre_softmax is (not norm_topk_prob)
+    assert config.moe_router_topk_scaling_factor is None
+    assert config.moe_aux_loss_coeff == 0.02 and config.moe_router_load_balancing_type == "aux_loss"
+    # dropless, one MLP per expert, no shared experts, the dispatcher that runs as is at EP 1
+    assert config.moe_expert_capacity_factor is None and not config.moe_pad_expert_input_to_capacity
+    assert config.moe_token_dispatcher_type == "allgather" and not config.moe_grouped_gemm
+    assert config.moe_shared_expert_intermediate_size is None and config.qk_layernorm
+
+
+def test_a_released_qwen3_moe_config_json_is_read():
+    """Qwen3-30B-A3B's config.json (as transformers 4.51 wrote it: `num_experts`, `rope_theta`)."""
+    config_json = dict(
+        architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", attention_bias=False, decoder_sparse_step=1,
+        head_dim=128, hidden_act="silu", hidden_size=2048, intermediate_size=6144, max_position_embeddings=40960,
+        mlp_only_layers=[], moe_intermediate_size=768, norm_topk_prob=True, num_attention_heads=32, num_experts=128,
+        num_experts_per_tok=8, num_hidden_layers=48, num_key_value_heads=4, output_router_logits=False,
+        rms_norm_eps=1e-6, rope_scaling=None, rope_theta=1000000.0, router_aux_loss_coef=0.001, sliding_window=None,
+        tie_word_embeddings=False, use_sliding_window=False, vocab_size=151936, bos_token_id=151643,
+        eos_token_id=151645)
+    arch = read_architecture(config_json)
+    assert arch.moe == MoE(num_experts=128, top_k=8, ffn_hidden_size=768, norm_topk_prob=True, aux_loss_coeff=0.001)
+    assert (arch.num_layers, arch.num_attention_heads, arch.num_query_groups, arch.rope_theta) == (48, 32, 4, 1e6)
+    assert attention_shape(config_json)["num_experts"] == 128
+
+
+def test_the_tiny_preset():
+    preset = PRESETS["qwen3-moe-tiny"]
+    arch = read_architecture(preset)
+    assert arch.family == "qwen3_moe" and arch.vocab_size == PRESETS["tiny-qwen3"]["vocab_size"]  # Qwen3's tokenizer
+    assert (arch.hidden_size, arch.num_layers, arch.num_attention_heads, arch.num_query_groups) == (64, 2, 4, 2)
+    assert arch.moe == MoE(num_experts=8, top_k=2, ffn_hidden_size=96, norm_topk_prob=True, aux_loss_coeff=0.001)
+    assert attention_shape(preset)["num_experts"] == 8 and attention_shape(PRESETS["tiny-qwen3"])["num_experts"] == 0
+
+
+# ------------------------------------------------------------------------------------------------
+# (d) what the family refuses
+# ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("changes,key", [
+    (dict(decoder_sparse_step=2), "decoder_sparse_step"),
+    (dict(mlp_only_layers=[0]), "mlp_only_layers"),
+    (dict(shared_expert_intermediate_size=32), "shared_expert_intermediate_size"),  # Qwen2-MoE's shared expert
+    (dict(num_experts_per_tok=1, norm_topk_prob=True), "norm_topk_prob"),
+    (dict(num_experts_per_tok=9), "num_experts_per_tok"),
+    (dict(attention_bias=True), "attention_bias"),
+    (dict(use_sliding_window=True), "use_sliding_window"),
+])
+def test_an_unsupported_setting_is_refused_by_its_key(changes, key):
+    with pytest.raises(ValueError, match=f"{key}="):
+        read_architecture(tiny_config(**changes).to_dict())
+
+
+def test_top_1_without_renormalisation_is_supported():
+    arch = read_architecture(tiny_config(num_experts_per_tok=1, norm_topk_prob=False))
+    assert arch.moe.top_k == 1 and transformer_config(arch).moe_router_pre_softmax
+
+
+def test_layouts_other_than_tp1_pp1_are_refused_by_their_key(tmp_path):
+    from hacpo_megatron.config import ConfigError, load_config
+
+    shape = attention_shape(PRESETS["qwen3-moe-tiny"])
+    assert layout_problems(shape, 1, 1, "qwen3-moe-tiny") == {}
+    assert "sequence parallelism" in layout_problems(shape, 2, 1, "qwen3-moe-tiny")["tensor"]
+    assert "allgather" in layout_problems(shape, 1, 2, "qwen3-moe-tiny")["pipeline"]
+    assert layout_problems(attention_shape(PRESETS["tiny-qwen3"]), 2, 2, "tiny-qwen3") == {}  # dense: unchanged
+    config = tmp_path / "moe.yaml"
+    config.write_text("run:\n  name: t\nagents:\n  - name: m\n    model: qwen3-moe-tiny\n    tokenizer: qwen3\n"
+                      "  - name: d\n    model: tiny-llama\n")
+    assert load_config(str(config)).agents[0].model == "qwen3-moe-tiny"
+    config.write_text(config.read_text().replace("tokenizer: qwen3\n", "tokenizer: qwen3\n    parallel: {tensor: 2}\n"))
+    with pytest.raises(ConfigError, match=r"moe\.yaml:7.*parallel\.tensor: TP=2 with the mixture of experts"):
+        load_config(str(config))
+
+
+# ------------------------------------------------------------------------------------------------
+# The megatron side: a gloo world of this one process
+# ------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def world():
+    """One agent's process groups on rank 0 of a world of this process alone (torn down afterwards)."""
+    import torch.distributed as dist
+
+    from hacpo_megatron.config.schema import AgentConfig, ParallelConfig
+    from hacpo_megatron.parallel.groups import create_agent_groups
+
+    started = not dist.is_initialized()
+    if started:
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        [parallel] = create_agent_groups([AgentConfig(name="moe", model="x", parallel=ParallelConfig(first_rank=0))])
+        yield parallel
+    finally:
+        if started:
+            dist.destroy_process_group()
+
+
+def random_hf_model(hf_config, seed=0):
+    """A transformers Qwen3MoeForCausalLM in float32 whose weights are large enough that the experts and their
+    routing weights move the logits by far more than the tolerance (at transformers' init, std 0.02, a wrong top-k
+    normalisation changed them by 2e-5). Norm weights perturbed, so a mis-mapped norm shows."""
+    import transformers
+
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32).eval()
+    assert type(model).__name__ == "Qwen3MoeForCausalLM"
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" in name:
+                param.copy_(1.0 + 0.2 * torch.randn_like(param))
+            elif "embed_tokens" in name or "lm_head" in name:
+                param.normal_(0.0, 1.0)
+            else:  # projections, experts [E, out, in], router [E, in]: unit-variance outputs
+                param.normal_(0.0, param.shape[-1] ** -0.5)
+    return model
+
+
+def tokens_batch():
+    return torch.randint(0, VOCAB, (3, 16), generator=torch.Generator().manual_seed(1))
+
+
+def megatron_logits(agent, tokens):
+    positions = torch.arange(tokens.shape[1]).expand_as(tokens)
+    agent.model.eval()
+    with torch.no_grad():
+        return agent.model(tokens, positions, attention_mask=None)[..., :VOCAB]
+
+
+def routes(modules, pick):
+    """Forward hooks on `modules` collecting `pick(output)` of every call; call `.remove()` on each handle after."""
+    seen, handles = [], []
+    for module in modules:
+        handles.append(module.register_forward_hook(lambda _m, _i, output: seen.append(pick(output))))
+    return seen, handles
+
+
+def build_from_folder(folder, parallel):
+    from hacpo_megatron.checkpoint.hf_io import HFWeights, read_hf_config
+    from hacpo_megatron.checkpoint.hf_mapping import load_hf_state_dict_into_model
+    from hacpo_megatron.models.build import build_agent_model
+
+    hf_config = read_hf_config(folder)
+    agent = build_agent_model(hf_config, parallel, seed=1, params_dtype=torch.float32)
+    load_hf_state_dict_into_model(agent.model, HFWeights(folder), hf_config, parallel)
+    return agent
+
+
+@pytest.fixture(scope="module", params=[True, False], ids=["norm_topk_prob", "unnormalised"])
+def pair(request, world, module_tmp):
+    """(HF model, its checkpoint folder, the megatron model loaded from that folder)."""
+    hf = random_hf_model(tiny_config(norm_topk_prob=request.param))
+    folder = Path(module_tmp(f"qwen3_moe_{request.param}"))
+    hf.save_pretrained(folder)
+    return hf, folder, build_from_folder(folder, world)
+
+
+# ------------------------------------------------------------------------------------------------
+# (b) logits against transformers
+# ------------------------------------------------------------------------------------------------
+def test_logits_equal_transformers_and_tokens_reach_many_experts(pair):
+    hf, _, agent = pair
+    tokens = tokens_batch()
+    megatron_routes, handles = routes([layer.mlp.router for layer in agent.model.decoder.layers],
+                                      lambda output: output[1].clone())  # routing map [tokens, experts]
+    hf_routes, hf_handles = routes([layer.mlp.gate for layer in hf.model.layers],
+                                   lambda output: output[2].clone())  # top-k expert indices [tokens, k]
+    try:
+        logits = megatron_logits(agent, tokens)
+        with torch.no_grad():
+            reference = hf(tokens).logits
+    finally:
+        for handle in handles + hf_handles:
+            handle.remove()
+    difference = (logits - reference).abs().max().item()
+    print(f"\nmax |logit difference| {difference:.2e} (max |logit| {reference.abs().max().item():.1f})")
+    assert reference.abs().max() > 5.0 and difference < TOLERANCE
+
+    assert len(megatron_routes) == len(hf_routes) == 2  # one call per layer
+    for layer, (routing_map, top_indices) in enumerate(zip(megatron_routes, hf_routes)):
+        # megatron runs [seq, batch], transformers [batch, seq]: the same tokens, in another order
+        hf_map = torch.zeros(tokens.numel(), EXPERTS, dtype=torch.bool).scatter(1, top_indices, True)
+        hf_map = hf_map.view(tokens.shape[0], tokens.shape[1], EXPERTS).transpose(0, 1).reshape(-1, EXPERTS)
+        assert torch.equal(routing_map, hf_map), layer
+        assert (routing_map.sum(dim=1) == TOP_K).all()
+        tokens_per_expert = routing_map.sum(dim=0)
+        assert (tokens_per_expert > 0).sum() > 1, tokens_per_expert  # the batch is spread over the experts
+        print(f"layer {layer}: tokens per expert {tokens_per_expert.tolist()}")
+
+
+def test_a_wrong_normalisation_or_top_k_would_be_caught(pair):
+    """The logits test has the power to fail: transformers' own model with the other normalisation, or one more
+    expert per token, moves its logits by far more than the tolerance."""
+    hf, _, _ = pair
+    tokens = tokens_batch()
+    routers = [layer.mlp.gate for layer in hf.model.layers]
+    with torch.no_grad():
+        reference = hf(tokens).logits
+        try:
+            for router in routers:
+                router.norm_topk_prob = not router.norm_topk_prob
+            other_normalisation = hf(tokens).logits
+        finally:
+            for router in routers:
+                router.norm_topk_prob = not router.norm_topk_prob
+        try:
+            for router in routers:
+                router.top_k += 1
+            other_top_k = hf(tokens).logits
+        finally:
+            for router in routers:
+                router.top_k -= 1
+    assert (other_normalisation - reference).abs().max() > 1000 * TOLERANCE
+    assert (other_top_k - reference).abs().max() > 1000 * TOLERANCE
+
+
+# ------------------------------------------------------------------------------------------------
+# (c) round trips
+# ------------------------------------------------------------------------------------------------
+def test_hf_to_megatron_to_hf_is_exact(pair, world):
+    from hacpo_megatron.checkpoint.hf_io import HFWeights, read_hf_config
+    from hacpo_megatron.checkpoint.hf_mapping import export_hf_state_dict
+
+    _, folder, agent = pair
+    saved = HFWeights(folder)
+    exported = export_hf_state_dict(agent.model, read_hf_config(folder), world)
+    assert set(exported) == set(saved)
+    assert len([n for n in saved if ".mlp.experts." in n]) == 2 * EXPERTS * 3  # one tensor per expert and projection
+    for name in saved:
+        assert exported[name].dtype == saved[name].dtype and torch.equal(exported[name], saved[name]), name
+
+
+def test_a_transformers_models_fused_experts_load_as_its_checkpoint_does(pair, world):
+    """transformers 5 keeps each layer's experts fused in memory (what the warm-up and the embedded engine hold):
+    its state_dict() loads into the same megatron weights as the per-expert checkpoint it saves."""
+    from hacpo_megatron.checkpoint.hf_io import read_hf_config
+    from hacpo_megatron.checkpoint.hf_experts import PerExpertView
+    from hacpo_megatron.checkpoint.hf_mapping import load_hf_state_dict_into_model
+    from hacpo_megatron.models.build import build_agent_model
+
+    hf, folder, agent = pair
+    state = hf.state_dict()
+    one_expert = "model.layers.0.mlp.experts.0.up_proj.weight"
+    assert "model.layers.0.mlp.experts.gate_up_proj" in state and one_expert not in state
+    assert one_expert in PerExpertView(state)
+    hf_config = read_hf_config(folder)
+    fused = build_agent_model(hf_config, world, seed=2, params_dtype=torch.float32)
+    load_hf_state_dict_into_model(fused.model, state, hf_config, world)
+    expected = dict(agent.model.named_parameters())
+    for name, param in fused.model.named_parameters():
+        assert torch.equal(param, expected[name]), name
+
+
+def test_the_preset_builds_and_takes_the_weights_transformers_draws_for_it(world):
+    """`model: qwen3-moe-tiny`: the random transformers model the warm-up and the embedded engine draw from the preset
+    (its real 151,936-token vocabulary), loaded into the megatron model built from the same preset."""
+    from hacpo_megatron.checkpoint.hf_mapping import load_hf_state_dict_into_model
+    from hacpo_megatron.models.build import build_agent_model
+    from hacpo_megatron.rollout.embedded import hf_model_from_config
+
+    preset = PRESETS["qwen3-moe-tiny"]
+    hf = hf_model_from_config(preset, seed=3)
+    agent = build_agent_model(preset, world, seed=3, params_dtype=torch.float32)
+    load_hf_state_dict_into_model(agent.model, hf.state_dict(), preset, world)
+    tokens = torch.randint(0, preset["vocab_size"], (2, 8), generator=torch.Generator().manual_seed(2))
+    positions = torch.arange(tokens.shape[1]).expand_as(tokens)
+    agent.model.eval()
+    with torch.no_grad():
+        logits = agent.model(tokens, positions, attention_mask=None)[..., : preset["vocab_size"]]
+        reference = hf(tokens).logits
+    assert (logits - reference).abs().max().item() < TOLERANCE
+
+
+def test_the_embedded_engine_takes_the_trainers_weights(pair, world):
+    """The weight push to the embedded engine: the trainer sends one tensor per expert (checkpoint names); the
+    engine's transformers model, which holds its experts fused, ends up with exactly those weights."""
+    from hacpo_megatron.checkpoint.hf_io import read_hf_config
+    from hacpo_megatron.checkpoint.hf_mapping import iter_hf_tensors
+    from hacpo_megatron.rollout.embedded import EmbeddedEngine
+
+    hf, folder, agent = pair
+    engine = EmbeddedEngine(random_hf_model(hf.config, seed=5), None, eos_token_ids=[1], pad_token_id=0)
+    sent = list(iter_hf_tensors(agent.model, read_hf_config(folder), world))
+    assert not engine.check_weights(sent).equal  # another random model before the push
+    engine.update_weights(sent)
+    check = engine.check_weights(sent)
+    assert check.equal and check.max_abs_diff == 0.0 and not (check.missing or check.unsent), check
+    tokens = tokens_batch()
+    with torch.no_grad():
+        assert torch.equal(engine.model(tokens).logits, hf(tokens).logits)
+
+
+@pytest.mark.parametrize("packing", [dict(max_tokens_per_micro_batch=48), dict(share_prompts=True)],
+                         ids=["packed", "shared_prompts"])
+def test_the_trainers_logprobs_equal_transformers_however_rows_are_packed(pair, packing):
+    """Dropless routing: a token's experts do not depend on the other tokens of its micro-batch, so the trainer's
+    log-prob pass (models/logprobs.py: sequences packed end to end, or responses sharing their prompt's row) gives
+    transformers' log-probs of each sequence alone (with a capacity factor of 1 instead, every case here fails).
+    The bound is the logits test's: these logits reach 36, divided by a temperature of 0.7."""
+    from hacpo_megatron.models.logprobs import compute_sequence_logprobs
+    from tests.models.workers.reference import SHARED_PROMPT_SEQUENCES, TEMPERATURE, hf_token_logprobs
+
+    hf, _, agent = pair
+    sequences = SHARED_PROMPT_SEQUENCES
+    logprobs = compute_sequence_logprobs(agent, sequences, temperature=TEMPERATURE, **packing)
+    with torch.no_grad():
+        reference = hf_token_logprobs(hf, sequences)
+    assert logprobs.lengths.tolist() == [len(r) for _, r in sequences]
+    worst = max((logprobs.token_logprobs[i, : len(r)] - r).abs().max().item() for i, r in enumerate(reference))
+    print(f"\nmax |log-prob difference| {worst:.2e}")
+    assert worst < TOLERANCE
