@@ -2,9 +2,13 @@
 from hacpo_megatron.algorithms.advantages import hacpo_advantages, modulated_advantages
 from hacpo_megatron.algorithms.capability import CapabilityTracker, batch_capabilities, capability_ratios
 from hacpo_megatron.algorithms.losses import (
+    POLICY_LOSSES,
+    POLICY_METRICS,
     RATIO_HISTOGRAM,
+    ROW_COUNTS,
     LossParams,
     PolicyBatch,
+    PolicyLoss,
     cross_clip_lower_bound,
     fitted_cross_clip_lower_bound,
     grpo_policy_loss,
@@ -17,7 +21,6 @@ from hacpo_megatron.algorithms.losses import (
 )
 from hacpo_megatron.algorithms.registry import (
     ALGORITHMS,
-    POLICY_LOSSES,
     AlgorithmSpec,
     StepAdvantages,
     resolve_algorithm,
@@ -27,11 +30,14 @@ from hacpo_megatron.algorithms.registry import (
 __all__ = [
     "ALGORITHMS",
     "POLICY_LOSSES",
+    "POLICY_METRICS",
     "RATIO_HISTOGRAM",
+    "ROW_COUNTS",
     "AlgorithmSpec",
     "CapabilityTracker",
     "LossParams",
     "PolicyBatch",
+    "PolicyLoss",
     "StepAdvantages",
     "batch_capabilities",
     "capability_ratios",

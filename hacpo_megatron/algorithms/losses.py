@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
 import torch
 
@@ -48,14 +48,15 @@ class LossParams:
     alpha: float  # exponential importance sampling: sg(s)^alpha
     delta: float  # the cross clip's lower bound starts at 1 - delta ...
     delta_step: float  # ... and rises by delta_step per update of the step
-    cross_clip: bool = True  # HACPO's ablation switch (AlgorithmSpec); its stepwise one shapes the bound the batch
-    # carries (cross_clip_lower_bound), so the loss never reads it
+    cross_clip: bool = True  # HACPO's ablation switches (AlgorithmSpec)
+    stepwise_clip: bool = True
 
     @classmethod
     def from_config(cls, algorithm, spec) -> "LossParams":
         """From a config's `algorithm:` section (or anything with its clip fields) and an AlgorithmSpec."""
         fields = ("clip_low", "clip_high", "grpo_clip_low", "grpo_clip_high", "alpha", "delta", "delta_step")
-        return cls(**{f: getattr(algorithm, f) for f in fields}, cross_clip=spec.cross_clip)
+        return cls(**{f: getattr(algorithm, f) for f in fields}, cross_clip=spec.cross_clip,
+                   stepwise_clip=spec.stepwise_clip)
 
 
 @dataclass(frozen=True)
@@ -266,6 +267,61 @@ def grpo_policy_loss(batch: PolicyBatch, params: LossParams) -> Tuple[torch.Tens
             "num_tokens": float(total_tokens),
         }
     return loss, _to_floats(metrics)
+
+
+# The metrics a policy loss reports, each a mean over the rows of its kind, and the count it is a mean over. Every
+# learner's record carries all of them (NaN where a loss has no such rows): a loss returns the ones it has, and the
+# trainer sums each times its count over micro-batches and replicas, then divides by the summed count.
+POLICY_METRICS: Mapping[str, str] = {
+    "own_ratio_mean": "num_own", "own_clip_frac_lower": "num_own", "own_clip_frac_upper": "num_own",
+    "cross_ratio_mean": "num_cross",
+    # the other agents' rows below / above the cross clip; with a positive advantage; and those that also pass
+    # the clip (the other agents' good answers that moved the learner)
+    "cross_clip_frac_lower": "num_cross", "cross_clip_frac_upper": "num_cross", "cross_positive_frac": "num_cross",
+    "cross_positive_inside_frac": "num_cross",
+}
+ROW_COUNTS = ("num_own", "num_cross")
+
+
+@dataclass(frozen=True)
+class PolicyLoss:
+    """A policy loss and what it needs from the trainer, which calls it knowing neither its name nor its metrics.
+
+    `fn(batch, params) -> (loss, metrics)`: metrics are POLICY_METRICS means and ROW_COUNTS over the batch's
+    rows (HACPO's also its ratio histogram). `per_token_old_logp`: the batch must carry each row's per-token old
+    log-probs. `cross_rows`: the loss tells other agents' rows apart (HACPO; Naive's GSPO takes them as own) and
+    clips them, with the bound `cross_clip_lower` computes from the loss's own parameters."""
+
+    fn: Callable[[PolicyBatch, LossParams], Tuple[torch.Tensor, Metrics]]
+    per_token_old_logp: bool = False
+    cross_rows: bool = False
+
+    def __call__(self, batch: PolicyBatch, params: LossParams) -> Tuple[torch.Tensor, Metrics]:
+        return self.fn(batch, params)
+
+    def cross_clip_lower(self, update_index: int, params: LossParams,
+                         fitted: Optional[float] = None) -> Optional[float]:
+        """The cross clip's lower bound for update m of a step (None for a loss without one): the paper's
+        stepwise bound, or the bound fitted to the learner's last step where lower (cross_clip_fit_quantile)."""
+        if not self.cross_rows:
+            return None
+        return cross_clip_lower_bound(update_index, params.delta, params.delta_step, stepwise=params.stepwise_clip,
+                                      fitted=fitted)
+
+    def fits_cross_clip(self, params: LossParams, quantile: Optional[float]) -> bool:
+        """Whether the learner counts the other agents' ratios to fit the next step's bound (beyond the paper)."""
+        return quantile is not None and self.cross_rows and params.cross_clip
+
+    def own_clip_low(self, params: LossParams) -> float:
+        """The lower clip width on own rows: how close engine and trainer log-probs must agree to stand in."""
+        return params.grpo_clip_low if self.per_token_old_logp else params.clip_low
+
+
+POLICY_LOSSES: Dict[str, PolicyLoss] = {
+    "hacpo": PolicyLoss(hacpo_policy_loss, cross_rows=True),
+    "gspo": PolicyLoss(gspo_policy_loss),
+    "grpo": PolicyLoss(grpo_policy_loss, per_token_old_logp=True),
+}
 
 
 def low_var_kl_penalty(

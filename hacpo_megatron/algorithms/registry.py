@@ -34,7 +34,7 @@ import torch
 
 from hacpo_megatron.algorithms.advantages import hacpo_advantages, modulated_advantages
 from hacpo_megatron.algorithms.capability import capability_ratios
-from hacpo_megatron.algorithms.losses import grpo_policy_loss, gspo_policy_loss, hacpo_policy_loss
+from hacpo_megatron.algorithms.losses import POLICY_LOSSES, PolicyLoss
 
 
 @dataclass(frozen=True)
@@ -50,9 +50,9 @@ class AlgorithmSpec:
     cross_old_logprob: str = "source"  # other agents' rows: "source" (sum / L_j) or "learner" (its own old)
 
     @property
-    def token_level(self) -> bool:
-        """Its loss takes token-level ratios (GRPO), so each row's per-token old log-probs."""
-        return self.policy_loss == "grpo"
+    def loss(self) -> PolicyLoss:
+        """Its policy loss, with what the loss needs from the trainer (algorithms/losses.py: PolicyLoss)."""
+        return POLICY_LOSSES[self.policy_loss]
 
 
 ALGORITHMS = {
@@ -63,10 +63,6 @@ ALGORITHMS = {
     "gspo_x2": AlgorithmSpec("gspo_x2", policy_loss="gspo", share_rollouts=False, samples_multiplier=2),
     "grpo": AlgorithmSpec("grpo", policy_loss="grpo", share_rollouts=False),
 }
-
-# every policy loss has one signature, loss(PolicyBatch, LossParams) -> (loss, metrics): the trainer calls
-# POLICY_LOSSES[spec.policy_loss] and branches on nothing
-POLICY_LOSSES = {"hacpo": hacpo_policy_loss, "gspo": gspo_policy_loss, "grpo": grpo_policy_loss}
 
 ABLATION_SWITCHES = ("capability_aware_advantage", "gradient_modulation", "cross_clip", "stepwise_clip")
 CROSS_OLD_LOGPROB = ("source", "learner")

@@ -58,6 +58,11 @@ class AgentConfig:
     sft_warmup_task: Optional[str] = None
     sft_warmup_stop_accuracy: Optional[float] = None
 
+    @property
+    def tokenizer_source(self) -> str:
+        """Where its tokenizer comes from (the one rule): `tokenizer`, else the weights' folder, else the model's."""
+        return self.tokenizer or self.init_from or self.model
+
 
 @dataclass
 class AlgorithmConfig:

@@ -44,17 +44,12 @@ class Agents:
         return self.trainers[k].ddp_model.module if k in self.trainers else self.models[k].model
 
 
-def tokenizer_name(agent_cfg) -> str:
-    """A built-in tokenizer name or a folder: `tokenizer`, else the weights' or the model's folder."""
-    return agent_cfg.tokenizer or agent_cfg.init_from or agent_cfg.model
-
-
 def build_agents(cfg: Config, spec: AlgorithmSpec, model_provider: ModelProvider) -> Agents:
     """Every agent's config, HF config and tokenizer; on its own ranks, its model from `model_provider`, with a
     trainer (and a frozen reference model when algorithm.kl_coef > 0), or the weights alone in run.mode rollout_only."""
     agents = Agents(configs=list(cfg.agents), parallel=create_agent_groups(cfg.agents),
                     hf_configs=[load_hf_config_dict(a.model) for a in cfg.agents],
-                    tokenizers=[load_tokenizer(tokenizer_name(a), a.prompt_format) for a in cfg.agents])
+                    tokenizers=[load_tokenizer(a.tokenizer_source, a.prompt_format) for a in cfg.agents])
     for k, (agent_cfg, parallel) in enumerate(zip(cfg.agents, agents.parallel)):
         if parallel.is_member:
             model = model_provider(agent_cfg, parallel, agents.hf_configs[k], cfg.run.seed + k)

@@ -7,6 +7,7 @@ from typing import Dict, List, Optional
 import numpy as np
 import torch.distributed as dist
 
+from hacpo_megatron.algorithms import LossParams
 from hacpo_megatron.config import Config
 from hacpo_megatron.models.build import AgentModel
 from hacpo_megatron.training.agents import Agents
@@ -21,7 +22,7 @@ def behaviour_logprobs(cfg: Config, spec, agents: Agents, prompt_ids, rollouts):
     old = _old_logprobs(agents, prompt_ids, rollouts)
     gaps = {k: _engine_trainer_logprob_gap(rollouts[k], old[k]) for k in range(len(old))}
     if cfg.rollout.old_logprobs == "engine":
-        clip = cfg.algorithm.grpo_clip_low if spec.policy_loss == "grpo" else cfg.algorithm.clip_low
+        clip = spec.loss.own_clip_low(LossParams.from_config(cfg.algorithm, spec))
         check_engine_logprobs({agents.names[k]: gap for k, gap in gaps.items()}, clip=clip)
         agents.engine_logprobs_checked = True
     return old, gaps

@@ -47,7 +47,7 @@ from hacpo_megatron.reporting.step_records import mean_over_updates, step_record
 from hacpo_megatron.rollout.replay import save_step
 from hacpo_megatron.rollout.weight_sync import engine_rank
 from hacpo_megatron.training import run_checkpoints
-from hacpo_megatron.training.agents import Agents, build_agents, tokenizer_name
+from hacpo_megatron.training.agents import Agents, build_agents
 from hacpo_megatron.training.batch import UpdateSchedule, mini_batches
 from hacpo_megatron.training.logprob_passes import agent_logprobs, behaviour_logprobs
 from hacpo_megatron.training.preflight import check_device, check_inputs
@@ -74,7 +74,8 @@ class RunOptions:
 class Run:
     """What every step of a run reads: the config, the algorithm, this rank's agents, the source of each step's
     answers (the engines' RolloutPipeline, or ReplayedRollouts in run.mode train_only), the capability tracker,
-    the run's options and G, each agent's answers per prompt."""
+    the run's options and G', each agent's answers per prompt (G x the algorithm's samples multiplier: 2G for
+    GSPO x2); G itself, `rollout.samples_per_prompt`, is what a mini-batch counts in."""
 
     cfg: Config
     spec: AlgorithmSpec
@@ -82,7 +83,7 @@ class Run:
     answers: Union[RolloutPipeline, ReplayedRollouts]  # each step's answers: from the engines, or as saved
     tracker: CapabilityTracker
     options: RunOptions
-    G: int
+    answers_per_prompt: int  # G'
 
 
 def run_hacpo(cfg: Config, options: RunOptions, model_provider: ModelProvider) -> None:
@@ -100,7 +101,7 @@ def run_hacpo(cfg: Config, options: RunOptions, model_provider: ModelProvider) -
     resume_from = run_checkpoints.choose_checkpoint(options.output_dir) if options.resume else None  # verified
     spec = algorithm_spec(cfg.algorithm)
     n, B = len(cfg.agents), cfg.data.prompt_batch_size
-    G = cfg.rollout.samples_per_prompt * spec.samples_multiplier
+    answers_per_prompt = cfg.rollout.samples_per_prompt * spec.samples_multiplier  # G'
     if rank == 0:
         os.makedirs(options.output_dir, exist_ok=True)
         dump_config(cfg, os.path.join(options.output_dir, "config.yaml"))
@@ -114,7 +115,7 @@ def run_hacpo(cfg: Config, options: RunOptions, model_provider: ModelProvider) -
         reward_actor = None
         agents.engines_running = cfg.run.mode != "train_only"  # train_only: answers and rewards from --load-rollouts
         if agents.engines_running:
-            reward_actor = lifecycle.start_actors(cfg, agents, [tokenizer_name(a) for a in cfg.agents], rank,
+            reward_actor = lifecycle.start_actors(cfg, agents, [a.tokenizer_source for a in cfg.agents], rank,
                                                   options.output_dir)
         train_set, eval_set = load_prompt_sets(cfg, agents.tokenizers, options.output_dir)
         if not agents.engines_running and eval_set:
@@ -130,10 +131,10 @@ def run_hacpo(cfg: Config, options: RunOptions, model_provider: ModelProvider) -
         deliver_weights(agents, agents.hosted, options.weight_check)  # the trainers' weights, start or checkpoint's
         time_gemm_peaks_in_turn(list(agents.trainers.values()))  # perf/mfu's denominator, engines loaded and idle
 
-        answers = (RolloutPipeline(cfg, agents, sampler, reward_actor, G, options, start_step)
+        answers = (RolloutPipeline(cfg, agents, sampler, reward_actor, answers_per_prompt, options, start_step)
                    if agents.engines_running  # run.mode train_only: the answers an earlier run saved
-                   else ReplayedRollouts(options.load_rollouts, agents, sampler, G))
-        run = Run(cfg, spec, agents, answers, tracker, options, G)
+                   else ReplayedRollouts(options.load_rollouts, agents, sampler, answers_per_prompt))
+        run = Run(cfg, spec, agents, answers, tracker, options, answers_per_prompt)
         reporter = lifecycle.reporting(_reporter(cfg, agents, options, start_step)) if rank == 0 else None
         if start_step == 0 and cfg.data.eval_every and eval_set:
             scores = held_out_scores(cfg, agents, eval_set, reward_actor, options, done=0)  # collective
@@ -174,7 +175,7 @@ def _hacpo_step(run: Run, step: int) -> List[Dict[str, float]]:
     if options.save_rollouts and rank == 0:
         save_step(options.save_rollouts, step + 1, agents.names, prompts, rollouts, scores, reward_stats)
     options.faults.after_rollouts(rollouts)
-    rewards = rewards_tensor(scores, n, B, run.G)
+    rewards = rewards_tensor(scores, n, B, run.answers_per_prompt)
 
     # 4. capabilities and advantages
     capabilities = run.tracker.update(rewards)
@@ -229,7 +230,8 @@ def _train_learners(run: Run, work: StepRollouts, advantages: StepAdvantages, ti
             rows = with_learner_old_logprobs(rows, agent_logprobs(trainer, None, cross))
         t_bridge = time.perf_counter() - t
         t = time.perf_counter()
-        schedule = UpdateSchedule(B, run.G, sources=tuple(int(j) for j in advantages.trains_on[k].nonzero()),
+        schedule = UpdateSchedule(B, run.answers_per_prompt,
+                                  sources=tuple(int(j) for j in advantages.trains_on[k].nonzero()),
                                   rows_per_update=cfg.train.mini_batch_size * cfg.rollout.samples_per_prompt)
         updates = trainer.train_step(mini_batches(rows, schedule))
         local[k] = {**mean_over_updates(updates), **bridge_stats,

@@ -136,7 +136,7 @@ def _tokenizer_problems(cfg: Config) -> List[str]:
 
     problems: List[str] = []
     for k, agent in enumerate(cfg.agents):
-        name = agent.tokenizer or agent.init_from or agent.model
+        name = agent.tokenizer_source
         found = len(problems)
         _attempt(problems, f"agents.{k} ({agent.name}).tokenizer",
                  lambda name=name, agent=agent: load_tokenizer(name, agent.prompt_format))

@@ -54,7 +54,7 @@ def initial_weights(cfg: Config, agent_cfg: AgentConfig, parallel: AgentParallel
 
     def warm_up():
         return supervised_warmup(
-            hf_config, agent_cfg.tokenizer or agent_cfg.model, task,
+            hf_config, agent_cfg.tokenizer_source, task,
             steps=cfg.train.sft_warmup_steps, batch_size=cfg.train.sft_warmup_batch_size,
             lr=cfg.train.sft_warmup_lr, seed=seed, cache_dir=cfg.train.sft_warmup_cache,
             stop_accuracy=stop_accuracy, prompt_format=agent_cfg.prompt_format)

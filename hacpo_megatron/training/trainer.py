@@ -31,8 +31,8 @@ import torch
 import torch.distributed as dist
 
 from hacpo_megatron.algorithms import (
-    POLICY_LOSSES, RATIO_HISTOGRAM, AlgorithmSpec, LossParams, PolicyBatch, cross_clip_lower_bound,
-    fitted_cross_clip_lower_bound, low_var_kl_penalty,
+    POLICY_METRICS, RATIO_HISTOGRAM, ROW_COUNTS, AlgorithmSpec, LossParams, PolicyBatch, fitted_cross_clip_lower_bound,
+    low_var_kl_penalty,
 )
 from hacpo_megatron.algorithms.losses import LOG_RATIO_EDGES
 from hacpo_megatron.config import Config
@@ -108,7 +108,7 @@ class AgentTrainer:
         self.train, self.algorithm, self.temperature = cfg.train, cfg.algorithm, cfg.rollout.temperature
         self.loss_params = LossParams.from_config(cfg.algorithm, spec)
         t, lr = cfg.train, lr or cfg.train.lr
-        self.policy_loss = POLICY_LOSSES[spec.policy_loss]
+        self.policy_loss = spec.loss  # what it needs (token-level old log-probs, its cross bound) it says itself
         config = agent.config
         config.calculate_per_token_loss = True  # see the module docstring: keep losses, sum gradients
         config.finalize_model_grads_func = partial(_finalize_grads, pg_collection=agent.parallel.pg_collection)
@@ -203,7 +203,7 @@ class AgentTrainer:
         computed = rows_with_gradient(mini_batch, kl_coef=self.algorithm.kl_coef)  # zero-advantage rows: no gradient
         shard = data_parallel_shard(computed, self.parallel.dp_rank, self.parallel.dp_size)
         chunks, packed = self._micro_batches(shard)
-        lower = self._cross_clip_lower(update_index)
+        lower = self.policy_loss.cross_clip_lower(update_index, self.loss_params, self.cross_clip_fitted)
         loss_fn = partial(self._micro_batch_loss, chunks=dict(zip(map(id, packed), chunks)), cross_clip_lower=lower,
                           global_seqs=global_seqs, global_own_seqs=global_own_seqs, global_tokens=global_tokens)
 
@@ -221,8 +221,8 @@ class AgentTrainer:
             self._step_ratio_histogram = (histogram if self._step_ratio_histogram is None
                                           else self._step_ratio_histogram + histogram)
         flops_per_s = out.pop("model_flops") / (time.perf_counter() - start)  # every replica's rows
-        # rows as the loss sees them: only HACPO's tells other agents' rows apart (Naive's GSPO takes them as own)
-        num_cross = global_seqs - global_own_seqs if self.spec.policy_loss == "hacpo" else 0
+        # rows as the loss sees them: only a loss with cross rows tells them apart (Naive's GSPO takes them as own)
+        num_cross = global_seqs - global_own_seqs if self.policy_loss.cross_rows else 0
         out.update(num_own=float(global_seqs - num_cross), num_cross=float(num_cross),
                    num_skipped_zero_advantage=float(global_seqs - len(computed)), **_packing_metrics(packed))
         if lower is not None:
@@ -248,14 +248,6 @@ class AgentTrainer:
                                  share_prompts=self.share_prompts, row_tokens=budget) for chunk in chunks]
         return chunks, packed
 
-    def _cross_clip_lower(self, update_index: int) -> Optional[float]:
-        """HACPO's cross clip lower bound for update m of this step (None for the other losses): the paper's
-        stepwise bound, or the bound fitted to the last step's ratios where lower (cross_clip_fit_quantile)."""
-        if self.spec.policy_loss != "hacpo":
-            return None
-        return cross_clip_lower_bound(update_index, self.loss_params.delta, self.loss_params.delta_step,
-                                      stepwise=self.spec.stepwise_clip, fitted=self.cross_clip_fitted)
-
     def _finalize_without_data(self) -> list:
         self.agent.config.finalize_model_grads_func([self.ddp_model], None)
         return []
@@ -275,10 +267,11 @@ class AgentTrainer:
             logp, mask, is_cross=is_cross, cross_clip_lower=cross_clip_lower,
             advantages=torch.tensor([r.advantage for r in rows], dtype=torch.float32, device=device),
             old_seq_logp=torch.tensor([r.old_seq_logp for r in rows], dtype=torch.float32, device=device),
-            old_token_logp=_padded([r.old_token_logp for r in rows], width, device) if self.spec.token_level else None,
+            old_token_logp=(_padded([r.old_token_logp for r in rows], width, device)
+                            if self.policy_loss.per_token_old_logp else None),
             num_global_seqs=global_seqs, num_global_tokens=global_tokens)
         loss, metrics = self.policy_loss(batch, self.loss_params)
-        histogram = metrics.pop(RATIO_HISTOGRAM, None)  # HACPO's: counts of the other agents' ratios
+        histogram = metrics.pop(RATIO_HISTOGRAM, None)  # counts of the other agents' ratios, where the loss has them
         own = ~is_cross
         if self.algorithm.kl_coef > 0 and bool(own.any()):
             ref = _padded([r.ref_token_logp for r, is_own in zip(rows, own.tolist()) if is_own], width, device)
@@ -295,8 +288,7 @@ class AgentTrainer:
 
     def _reduce_metrics(self, results: list) -> Dict[str, float]:
         """Sum the micro-batch metrics over micro-batches and data-parallel replicas; same on every rank."""
-        keys = ("loss", "own_ratio_mean", "cross_ratio_mean", "own_clip_frac_lower", "own_clip_frac_upper",
-                "num_own", "num_cross", "kl", "model_flops") + CROSS_FRACTIONS
+        keys = ("loss", "kl", "model_flops") + ROW_COUNTS + tuple(POLICY_METRICS)
         bins = len(LOG_RATIO_EDGES) if self._fits_cross_clip else 0
         totals = torch.zeros(len(keys) + bins, dtype=torch.float64)  # the scalars, then the ratio histogram
         for result in results:
@@ -314,10 +306,8 @@ class AgentTrainer:
         histogram = totals[len(keys):] if bins else None
         t = dict(zip(keys, totals[:len(keys)].tolist()))
         out = {"loss": t["loss"], "num_own": t["num_own"], "num_cross": t["num_cross"], "model_flops": t["model_flops"]}
-        for key in ("own_ratio_mean", "own_clip_frac_lower", "own_clip_frac_upper"):
-            out[key] = t[key] / t["num_own"] if t["num_own"] else math.nan
-        for key in ("cross_ratio_mean",) + CROSS_FRACTIONS:
-            out[key] = t[key] / t["num_cross"] if t["num_cross"] else math.nan
+        for key, count in POLICY_METRICS.items():  # row-weighted sums back to means over their rows
+            out[key] = t[key] / t[count] if t[count] else math.nan
         if self.algorithm.kl_coef > 0:
             out["kl"] = t["kl"] / t["num_own"] if t["num_own"] else math.nan
         if histogram is not None and t["num_cross"]:
@@ -326,14 +316,7 @@ class AgentTrainer:
 
     @property
     def _fits_cross_clip(self) -> bool:
-        return (self.algorithm.cross_clip_fit_quantile is not None and self.spec.policy_loss == "hacpo"
-                and self.spec.cross_clip)
-
-
-# fractions of the other agents' rows: below / above the cross clip; with a positive advantage; and those that also
-# pass the clip (the other agents' good answers that moved the learner)
-CROSS_FRACTIONS = ("cross_clip_frac_lower", "cross_clip_frac_upper", "cross_positive_frac",
-                   "cross_positive_inside_frac")
+        return self.policy_loss.fits_cross_clip(self.loss_params, self.algorithm.cross_clip_fit_quantile)
 
 
 def _packing_metrics(packed: Sequence[PackedBatch]) -> Dict[str, float]:
@@ -346,18 +329,16 @@ def _packing_metrics(packed: Sequence[PackedBatch]) -> Dict[str, float]:
 
 
 def _weight(key: str, metrics: Dict[str, float], n: float) -> float:
-    """Metrics are means over own or cross rows; weight them by their row counts to sum them. `kl` is
-    already a sum."""
-    if key.startswith("own_"):
-        return metrics.get("num_own", n)
-    if key.startswith("cross_"):
-        return metrics.get("num_cross", 0.0)
-    return 1.0
+    """Policy metrics are means over own or cross rows (POLICY_METRICS); weight them by their row counts to sum
+    them (n, the micro-batch's rows, where a loss counts every row as own). Counts and `kl` are already sums."""
+    count = POLICY_METRICS.get(key)
+    if count is None:
+        return 1.0
+    return metrics.get(count, n if count == "num_own" else 0.0)
 
 
 _NO_UPDATE = {"loss": math.nan, "num_own": 0.0, "num_cross": 0.0, "grad_norm": math.nan, "update_skipped": 1.0,
-              **{key: math.nan for key in ("own_ratio_mean", "own_clip_frac_lower", "own_clip_frac_upper",
-                                           "cross_ratio_mean") + CROSS_FRACTIONS}}
+              **{key: math.nan for key in POLICY_METRICS}}
 
 
 def _padded(values: Sequence[Optional[Sequence[float]]], width: int, device) -> torch.Tensor:

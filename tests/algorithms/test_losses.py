@@ -129,6 +129,41 @@ def test_cross_clip_lower_bound_schedule():
         cross_clip_lower_bound(-1, 0.2, 0.025)
 
 
+def test_each_loss_says_what_it_needs_and_computes_its_own_cross_bound():
+    """The trainer asks the loss, never the algorithm's name: its bound per update, token-level old log-probs,
+    the fit of the bound, and the clip the engine's log-probs must agree within."""
+    hacpo, naive, grpo = (resolve_algorithm(name).loss for name in ("hacpo", "naive", "grpo"))
+    params = _params("hacpo", delta=0.2, delta_step=0.025)
+    assert [hacpo.cross_clip_lower(m, params) for m in range(4)] == pytest.approx([0.8, 0.825, 0.85, 0.875])
+    constant = dataclasses.replace(params, stepwise_clip=False)
+    assert hacpo.cross_clip_lower(3, constant) == pytest.approx(0.8)
+    assert hacpo.cross_clip_lower(3, params, fitted=0.5) == 0.5 and hacpo.cross_clip_lower(0, params, 0.9) == 0.8
+    assert naive.cross_clip_lower(0, params) is None and grpo.cross_clip_lower(2, params) is None
+    assert hacpo.fits_cross_clip(params, 0.5) and not hacpo.fits_cross_clip(params, None)
+    assert not hacpo.fits_cross_clip(dataclasses.replace(params, cross_clip=False), 0.5)
+    assert not naive.fits_cross_clip(params, 0.5)
+    assert grpo.per_token_old_logp and not hacpo.per_token_old_logp and not naive.per_token_old_logp
+    clips = _params("grpo", clip_low=3e-4, grpo_clip_low=0.2)
+    assert grpo.own_clip_low(clips) == 0.2 and naive.own_clip_low(clips) == 3e-4
+    # the stepwise switch reaches the loss's parameters from the algorithm's spec
+    ablated = LossParams.from_config(AlgorithmConfig(), resolve_algorithm("hacpo", stepwise_clip=False))
+    assert not ablated.stepwise_clip and hacpo.cross_clip_lower(2, ablated) == pytest.approx(0.8)
+
+
+@pytest.mark.parametrize("name", ["hacpo", "gspo", "grpo"])
+def test_every_metric_a_loss_reports_is_one_the_trainer_reduces(name):
+    """The trainer sums POLICY_METRICS (times their row counts) and ROW_COUNTS over micro-batches and replicas; a
+    metric outside them would vanish from metrics.jsonl without a word."""
+    logp, mask, old, adv, is_cross = random_batch()
+    batch = PolicyBatch(logp, mask, adv, old, is_cross if name == "hacpo" else torch.zeros_like(is_cross),
+                        old_token_logp=logp.detach() - 0.01, cross_clip_lower=0.8)
+    _, metrics = policy_losses.POLICY_LOSSES[name](batch, _params(name))
+    reported = set(metrics) - {policy_losses.RATIO_HISTOGRAM, "cross_clip_lower_bound", "num_tokens"}
+    assert reported <= set(policy_losses.POLICY_METRICS) | set(policy_losses.ROW_COUNTS)
+    assert {"own_ratio_mean", "num_own"} <= reported
+    assert set(policy_losses.POLICY_METRICS.values()) <= set(policy_losses.ROW_COUNTS)
+
+
 def test_fitted_cross_clip_bound_by_hand():
     """Ratios 0.1, 0.3, 0.55, 0.9, 1.2 (log -2.303, -1.204, -0.598, -0.105, 0.182) in bins of log s 0.05 wide from
     -12: bins 193, 215, 228, 237 and the last (s >= 1). The median (q 0.5: the third of five) lies in bin 228,
