@@ -26,11 +26,13 @@ from hacpo_megatron.checkpoint.derived_models import (  # noqa: E402
     DERIVED_MODELS, RECORD_FILE, STATE_CONFIG, derived_name,
 )
 from hacpo_megatron.checkpoint.gguf import default_cache_dir  # noqa: E402
+from hacpo_megatron.checkpoint.megatron_io import LATEST_FILE  # noqa: E402
 from hacpo_megatron.config import ConfigError, load_config  # noqa: E402
+from hacpo_megatron.training import run_checkpoints  # noqa: E402
 
 
 def step_folder(run_dir: Path, step: int) -> Path:
-    return run_dir / "checkpoints" / f"step_{step:08d}"
+    return Path(run_checkpoints.step_folder(str(run_dir), step))
 
 
 def held_out_accuracy(run_dir: Path, step: int, agent: str):
@@ -53,7 +55,7 @@ def train(config: str, run_dir: Path, steps) -> None:
     if all(step_folder(run_dir, s).is_dir() for s in steps):
         return
     command = [sys.executable, "-m", "hacpo_megatron.launch", "--config", config, "--output-dir", str(run_dir)]
-    if (run_dir / "checkpoints" / "latest").exists():
+    if (Path(run_checkpoints.checkpoint_root(str(run_dir))) / LATEST_FILE).exists():
         command.append("--resume")
     print("training:", " ".join(command), flush=True)
     subprocess.run(command, cwd=REPO, check=True)
