@@ -32,12 +32,13 @@ def test_updates_are_the_same(report, variant):
     shared, separate = report[variant], report["separate"]
     for update, (a, b) in enumerate(zip(shared["metrics"], separate["metrics"])):
         # A row matched to another row's advantage or old log-prob would move loss, ratios and gradient by
-        # far more. The first update agrees to float reassociation (~1e-7); Adam at lr 1e-2 amplifies that
-        # into ~1e-5 by the fourth, absolute for a loss that is a sum of terms cancelling to near 0 there
-        # (0.005 from terms of ~0.1: 3e-6 apart).
+        # far more (ratios by ~1e-1). The first update agrees to float reassociation (~1e-7); Adam at lr 1e-2
+        # amplifies that into ratios ~1e-5 apart by the fourth update, and the loss there is a sum of terms
+        # of ~0.1 cancelling to 0.005, so it moves by as much absolutely (megatron-core 0.19.2, shared and
+        # packed rows: 1.25e-5 apart; ratios 1.1e-5; the gradient norm 4.6e-5 of 3.6).
         for key in ("loss", "grad_norm", "own_ratio_mean", "cross_ratio_mean", "num_own", "num_cross"):
             assert a[key] == pytest.approx(b[key], rel=1e-5 if update == 0 else 3e-4,
-                                           abs=1e-8 if update == 0 else 1e-5), (update, key)
+                                           abs=1e-8 if update == 0 else 3e-5), (update, key)
         # the shared rows hold fewer tokens for the same work: the prompt's model FLOPs count once per row
         assert a["perf/model_flops_per_s"] > 0
     for p, q in zip(shared["params"], separate["params"]):
