@@ -19,7 +19,9 @@ import time
 import psutil
 
 KINDS = ("VLLM::EngineCore", "VLLM::Worker", "ray::EngineActor", "ray::RewardActor", "ray::", "raylet", "gcs_server",
-         "torch.distributed.run", "torchrun", "examples/hacpo_pretrain_style.py", "hacpo_megatron.launch")
+         "torch.distributed.run", "torchrun",
+         "hacpo_megatron.entry", "tools/faults.py", "examples/hacpo_pretrain_style.py",  # ranks: the package's program,
+         "hacpo_megatron.launch")  # the same with faults planted, the example; the launcher before it execs torchrun
 
 
 def describe(process: psutil.Process, kinds) -> tuple:

@@ -33,7 +33,6 @@ from hacpo_megatron.algorithms import AlgorithmSpec, CapabilityTracker, StepAdva
 from hacpo_megatron.algorithms.registry import algorithm_spec
 from hacpo_megatron.config import Config, config_to_dict, dump_config
 from hacpo_megatron.data import PromptSampler
-from hacpo_megatron.orchestrator.faults import NO_FAULTS, FaultPlan
 from hacpo_megatron.orchestrator.lifecycle import RunLifecycle
 from hacpo_megatron.orchestrator.preemption import Preempted
 from hacpo_megatron.orchestrator.ray_runtime import object_store_stats
@@ -67,7 +66,6 @@ class RunOptions:
     weight_check: bool = False  # verify engine weights after every sync
     save_rollouts: Optional[str] = None  # write every step's answers and rewards here (rollout/replay.py)
     load_rollouts: Optional[str] = None  # run.mode train_only: read them from here instead of any engine
-    faults: FaultPlan = NO_FAULTS  # a test's: engines killed at chosen moments (orchestrator/faults.py)
 
 
 @dataclass
@@ -131,13 +129,14 @@ def run_hacpo(cfg: Config, options: RunOptions, model_provider: ModelProvider) -
         deliver_weights(agents, agents.hosted, options.weight_check)  # the trainers' weights, start or checkpoint's
         time_gemm_peaks_in_turn(list(agents.trainers.values()))  # perf/mfu's denominator, engines loaded and idle
 
-        answers = (RolloutPipeline(cfg, agents, sampler, reward_actor, answers_per_prompt, options, start_step)
+        answers = (RolloutPipeline(cfg, agents, sampler, reward_actor, answers_per_prompt, options.weight_check,
+                                   start_step)
                    if agents.engines_running  # run.mode train_only: the answers an earlier run saved
                    else ReplayedRollouts(options.load_rollouts, agents, sampler, answers_per_prompt))
         run = Run(cfg, spec, agents, answers, tracker, options, answers_per_prompt)
         reporter = lifecycle.reporting(_reporter(cfg, agents, options, start_step)) if rank == 0 else None
         if start_step == 0 and cfg.data.eval_every and eval_set:
-            scores = held_out_scores(cfg, agents, eval_set, reward_actor, options, done=0)  # collective
+            scores = held_out_scores(cfg, agents, eval_set, reward_actor, options.weight_check, done=0)  # collective
             if rank == 0:
                 reporter.log_held_out(0, scores)
         preemption = lifecycle.watch_signals()
@@ -147,7 +146,7 @@ def run_hacpo(cfg: Config, options: RunOptions, model_provider: ModelProvider) -
                 reporter.log_step(step + 1, records)
             done = step + 1
             if cfg.data.eval_every and eval_set and (done % cfg.data.eval_every == 0 or done == cfg.run.total_steps):
-                scores = held_out_scores(cfg, agents, eval_set, reward_actor, options, done)  # collective
+                scores = held_out_scores(cfg, agents, eval_set, reward_actor, options.weight_check, done)  # collective
                 if rank == 0:
                     reporter.log_held_out(done, scores)
             stop = preemption.stop_requested()  # collective: a signal to any rank ends the run here
@@ -166,7 +165,6 @@ def _hacpo_step(run: Run, step: int) -> List[Dict[str, float]]:
     rank, n = dist.get_rank(), len(agents.configs)
     times: Dict[str, float] = {}
     t_step = time.perf_counter()
-    options.faults.before_step(step, agents)
 
     # 1-3. prompts, rollouts and rewards (run.mode train_only: as saved by an earlier run)
     work = run.answers.step_rollouts(step, times)  # from the engines, or as an earlier run saved them (train_only)
@@ -174,7 +172,6 @@ def _hacpo_step(run: Run, step: int) -> List[Dict[str, float]]:
     B = len(prompts)
     if options.save_rollouts and rank == 0:
         save_step(options.save_rollouts, step + 1, agents.names, prompts, rollouts, scores, reward_stats)
-    options.faults.after_rollouts(rollouts)
     rewards = rewards_tensor(scores, n, B, run.answers_per_prompt)
 
     # 4. capabilities and advantages
