@@ -28,7 +28,6 @@ class Agents:
     engines: Dict[int, Any] = field(default_factory=dict)  # EngineActor handles (rank 0 and engine ranks)
     senders: Dict[int, Any] = field(default_factory=dict)  # weight transport to k's engine (k's engine rank)
     engine_logprobs_checked: bool = False  # rollout.old_logprobs=engine: the trainer's pass has vouched for them
-    engines_running: bool = True  # False in run.mode train_only: no engine, no weight push (weight_delivery.py)
 
     @property
     def names(self) -> List[str]:
