@@ -387,10 +387,11 @@ def _validate_agent(agent: AgentConfig, path: Path, where: _Where, errors: List[
     if not agent.model:
         errors.append(f"{where(path + ('model',))}: required (a preset name or a Hugging Face folder), or an init_from")
         return
+    given_as = "init_from" if agent.model == agent.init_from else "model"  # `model` defaults to the init_from folder
     try:
         shape = shape_of(load_arch(agent.model))
     except (ValueError, KeyError, OSError) as exc:
-        errors.append(f"{where(path + ('model',))}: {exc}")
+        errors.append(f"{where(path + (given_as,))}: {exc}")
         return
     for key, problem in presets.layout_problems(shape, p.tensor, p.pipeline, agent.model).items():
         errors.append(f"{where(path + ('parallel', key))}: {problem}")
