@@ -19,7 +19,7 @@ from typing import Callable, List, Optional
 
 import torch.distributed as dist
 
-from hacpo_megatron.checkpoint.megatron_io import CheckpointSaveError
+from hacpo_megatron.checkpoint.save_agreement import CheckpointSaveError
 from hacpo_megatron.config import Config, ConfigError, load_config
 from hacpo_megatron.launch import output_dir_of, parse_args
 from hacpo_megatron.orchestrator.preemption import PREEMPTED_EXIT_CODE, Preempted

@@ -79,7 +79,7 @@ def test_run_device_cpu_hides_the_gpus_from_the_ranks_and_a_rank_that_sees_one_i
 def test_a_checkpoint_the_disk_refused_ends_the_run_with_one_line_and_exit_code_74(tmp_path, monkeypatch, capfd):
     """Every rank raises the same CheckpointSaveError (tests/checkpoint: a real full disk); rank 0 says it once."""
     from hacpo_megatron import entry
-    from hacpo_megatron.checkpoint.megatron_io import CheckpointSaveError
+    from hacpo_megatron.checkpoint.save_agreement import CheckpointSaveError
 
     reason = "saving step 3 failed (rank 1: No space left on device: /out/step_00000003.tmp/a/x.distcp)"
 

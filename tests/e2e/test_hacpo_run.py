@@ -166,12 +166,12 @@ def test_rollout_only_generates_and_scores_with_no_update(reference_run, tmp_pat
     assert all(len(s) == problems and sum(s) / problems == pytest.approx(evals[key]) for key, s in scores.items())
     assert all(scores[(2, agent)] == scores[(0, agent)] for _, agent in scores)
     for name in ("qwen3-tiny.json", "llama-tiny.json", "step.json"):
-        ours = json.loads((saved / "step_000001" / name).read_text())
-        reference = json.loads((reference_run.parent / "rollouts" / "step_000001" / name).read_text())
+        ours = json.loads((saved / "step_00000001" / name).read_text())
+        reference = json.loads((reference_run.parent / "rollouts" / "step_00000001" / name).read_text())
         if name == "step.json":
             ours, reference = ours["agents"], reference["agents"]  # reward_stats hold the scoring's timings
         assert ours == reference, name
-    assert sorted(p.name for p in saved.iterdir()) == ["step_000001", "step_000002"]
+    assert sorted(p.name for p in saved.iterdir()) == ["step_00000001", "step_00000002"]
 
 
 def test_engine_log_probs_replace_the_old_log_prob_pass_after_the_first_step(reference_run, tmp_path, cache):

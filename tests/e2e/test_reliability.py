@@ -122,8 +122,8 @@ def test_rollout_one_step_ahead_through_faults_and_a_sigterm_then_resumed(refere
     assert [r["staleness/versions_behind"] for r in train] == [0, 0, 1, 0, 0, 0]
     for step in (1, 2, 3):
         for agent in ("qwen3-tiny", "llama-tiny"):
-            ours = json.loads((saved / f"step_{step:06d}" / f"{agent}.json").read_text())["prompt_uids"]
-            reference = json.loads((reference_run.parent / "rollouts" / f"step_{step:06d}" / f"{agent}.json")
+            ours = json.loads((saved / f"step_{step:08d}" / f"{agent}.json").read_text())["prompt_uids"]
+            reference = json.loads((reference_run.parent / "rollouts" / f"step_{step:08d}" / f"{agent}.json")
                                    .read_text())["prompt_uids"]
             assert ours == reference, (step, agent)
     for r in train:  # own rows carry pi_prox / pi_behaviour: ~1 when on-policy, finite and capped when not
