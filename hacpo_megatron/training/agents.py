@@ -55,7 +55,7 @@ def build_agents(cfg: Config, spec: AlgorithmSpec, model_provider: ModelProvider
             if cfg.run.mode == "rollout_only":
                 agents.models[k] = model  # its engine's weights; no learner (no optimizer, no update)
                 continue
-            agents.trainers[k] = AgentTrainer(model, spec, cfg, lr=agent_cfg.lr)
+            agents.trainers[k] = AgentTrainer(model, spec, cfg, lr=agent_cfg.lr, moe=agent_cfg.moe)
             if cfg.algorithm.kl_coef > 0:
                 agents.references[k] = model_provider(agent_cfg, parallel, agents.hf_configs[k], cfg.run.seed + k)
     return agents
