@@ -18,7 +18,7 @@ from typing import List, Optional
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_CONFIG = os.path.join(REPO, "configs", "default.yaml")
-ENTRY = os.path.join(REPO, "examples", "hacpo_pretrain_style.py")
+ENTRY_MODULE = "hacpo_megatron.entry"  # the package's own torchrun program
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
@@ -44,12 +44,10 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                              "(run.mode train or rollout_only)")
     parser.add_argument("--load-rollouts", default=None, metavar="DIR",
                         help="run.mode train_only: train on the steps saved in DIR, with no engine and no Ray")
-    parser.add_argument("--kill-engine-at-step", type=int, default=None, help=argparse.SUPPRESS)  # tests
-    parser.add_argument("--kill-reward-at-step", type=int, default=None, help=argparse.SUPPRESS)  # tests
-    parser.add_argument("--kill-engine-in-sync-at-step", type=int, default=None, help=argparse.SUPPRESS)  # tests
-    parser.add_argument("--kill-engine-before-step", type=int, default=None, help=argparse.SUPPRESS)  # tests
-    parser.add_argument("--kill-engine-in-eval-at-step", type=int, default=None, help=argparse.SUPPRESS)  # tests
-    parser.add_argument("--leak-mib-per-step", type=int, default=0, help=argparse.SUPPRESS)  # tools/soak.py's test
+    parser.add_argument("--entry", default=None, metavar="FILE",
+                        help="the program torchrun runs on every rank (default: the package's, hacpo_megatron.entry): "
+                             "a script of yours that calls hacpo_megatron.entry.main with your own model provider, "
+                             "e.g. examples/hacpo_pretrain_style.py")
     return parser.parse_args(argv)
 
 
@@ -57,15 +55,17 @@ def output_dir_of(args: argparse.Namespace, cfg) -> str:
     return args.output_dir or cfg.run.output_dir or os.path.join("runs", cfg.run.name)
 
 
-def torchrun_command(nproc: int, entry_args: List[str]) -> List[str]:
-    """torchrun for one machine: `nproc` ranks, a static rendezvous at 127.0.0.1 on a free port.
+def torchrun_command(nproc: int, entry_args: List[str], entry: Optional[str] = None) -> List[str]:
+    """torchrun for one machine: `nproc` ranks, a static rendezvous at 127.0.0.1 on a free port, each running
+    `entry` (a script) or the package's own program.
 
     Not `--standalone`: its c10d rendezvous keeps pickled state in a store that listens on every
     interface and unpickles it on every heartbeat (docs/security.md). The static store holds no
     pickles, but torch's TCPStore still listens on every interface whatever address it is given.
     """
     return [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc_per_node={nproc}",
-            "--master-addr=127.0.0.1", f"--master-port={_free_port()}", ENTRY, *entry_args]
+            "--master-addr=127.0.0.1", f"--master-port={_free_port()}",
+            *([entry] if entry else ["-m", ENTRY_MODULE]), *entry_args]
 
 
 def _free_port() -> int:
@@ -89,7 +89,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         return INPUT_ERROR_EXIT_CODE
     from hacpo_megatron.parallel.layout import required_world_size
 
-    command = torchrun_command(required_world_size(cfg.agents), argv)
+    if args.entry and not os.path.isfile(args.entry):
+        print(f"error: --entry {args.entry}: no such file", file=sys.stderr, flush=True)
+        return INPUT_ERROR_EXIT_CODE
+    command = torchrun_command(required_world_size(cfg.agents), argv, args.entry)
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # gloo's connections stay on loopback
     if cfg.run.device == "cpu":  # the ranks, Ray's actors and the reward's workers see no GPU (run.device)
         os.environ["CUDA_VISIBLE_DEVICES"] = ""

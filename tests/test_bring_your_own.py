@@ -105,8 +105,8 @@ def test_a_hugging_face_folder_passes_as_init_from(model_folder, tmp_path):
 
 def test_wrong_folders_get_the_projects_errors(model_folder, tmp_path):
     (tmp_path / "empty").mkdir()
-    with pytest.raises(ConfigError, match=r"config\.yaml:\d+: agents\.0\.model: '.*empty' is neither a built-in "
-                                          r"preset \(.*tiny-qwen3\) nor a folder with config\.json"):
+    with pytest.raises(ConfigError, match=r"--set agents\.0\.init_from=.*empty: agents\.0\.init_from: '.*empty' is "
+                                          r"neither a built-in preset \(.*tiny-qwen3\) nor a folder with config\.json"):
         example_config(tmp_path / "empty")
 
     (tmp_path / "no_weights").mkdir()
@@ -115,10 +115,16 @@ def test_wrong_folders_get_the_projects_errors(model_folder, tmp_path):
     with pytest.raises(InputError, match=r"^agents\.0 \(my-qwen3\)\.init_from: .*no_weights: no model\.safetensors"):
         check_inputs(cfg, output_dir=str(tmp_path / "run"), resume=False)
 
+    # families not supported, named by the config loader with the key the user wrote: Mistral (a config like
+    # Llama's) and GPT-2 (whose config has none of the keys a layout check reads: it once failed as a bare KeyError)
     mistral = transformers.MistralConfig(vocab_size=1000, hidden_size=64, intermediate_size=64, num_hidden_layers=2,
                                          num_attention_heads=4, num_key_value_heads=2, head_dim=16)
-    transformers.MistralForCausalLM(mistral).save_pretrained(tmp_path / "mistral")  # a family not supported
-    cfg = example_config(tmp_path / "mistral")
-    with pytest.raises(InputError, match=r"^agents\.0 \(my-qwen3\)\.init_from: unsupported architecture "
-                                         r"\['MistralForCausalLM'\]; supported architectures: Qwen3ForCausalLM, "):
-        check_inputs(cfg, output_dir=str(tmp_path / "run"), resume=False)
+    transformers.MistralForCausalLM(mistral).save_pretrained(tmp_path / "mistral")
+    gpt2 = transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=100, n_positions=64)
+    transformers.GPT2LMHeadModel(gpt2).save_pretrained(tmp_path / "gpt2")
+    for folder, architecture in (("mistral", "MistralForCausalLM"), ("gpt2", "GPT2LMHeadModel")):
+        with pytest.raises(ConfigError, match=rf"agents\.0\.init_from: unsupported architecture \['{architecture}'\]; "
+                                              r"supported architectures: Qwen3ForCausalLM, "):
+            example_config(tmp_path / folder)
+        with pytest.raises(ConfigError, match=rf"agents\.0\.model: unsupported architecture \['{architecture}'\]"):
+            load_config(CONFIG, [f"agents.0.init_from={model_folder}", f"agents.0.model={tmp_path / folder}"])

@@ -79,7 +79,7 @@ def test_run_device_cpu_hides_the_gpus_from_the_ranks_and_a_rank_that_sees_one_i
 def test_a_checkpoint_the_disk_refused_ends_the_run_with_one_line_and_exit_code_74(tmp_path, monkeypatch, capfd):
     """Every rank raises the same CheckpointSaveError (tests/checkpoint: a real full disk); rank 0 says it once."""
     from hacpo_megatron import entry
-    from hacpo_megatron.checkpoint.megatron_io import CheckpointSaveError
+    from hacpo_megatron.checkpoint.save_agreement import CheckpointSaveError
 
     reason = "saving step 3 failed (rank 1: No space left on device: /out/step_00000003.tmp/a/x.distcp)"
 
@@ -93,3 +93,32 @@ def test_a_checkpoint_the_disk_refused_ends_the_run_with_one_line_and_exit_code_
     finally:
         faulthandler.unregister(signal.SIGUSR1)  # main's `kill -USR1` hook wrote to this test's captured stderr
     assert capfd.readouterr().err == f"error: {reason}\n"
+
+
+def test_the_launcher_runs_the_packages_own_program_or_the_users_entry(tmp_path, monkeypatch, capsys):
+    """By default every rank runs `-m hacpo_megatron.entry` (an installed package launches itself: no repository
+    path); `--entry FILE` runs the user's script with their own model provider; a missing one is a user mistake."""
+    from hacpo_megatron import launch
+
+    started = []
+
+    def execv(path, command):
+        started.append(command)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(launch.os, "execv", execv)
+    for variable in ("CUDA_VISIBLE_DEVICES", "GLOO_SOCKET_IFNAME"):
+        monkeypatch.delenv(variable, raising=False)
+    out = ["--output-dir", str(tmp_path / "run")]
+    with pytest.raises(SystemExit):
+        launch.main(out)
+    command = started[-1]  # python -m torch.distributed.run FLAGS -m hacpo_megatron.entry ARGS
+    assert command[1:3] == ["-m", "torch.distributed.run"] and command[-len(out):] == out
+    assert command[command.index("-m", 3):][:2] == ["-m", "hacpo_megatron.entry"]
+    assert "examples" not in " ".join(command)
+    script = os.path.join(REPO, "examples", "hacpo_pretrain_style.py")
+    with pytest.raises(SystemExit):
+        launch.main(["--entry", script, *out])
+    assert script in started[-1] and "hacpo_megatron.entry" not in started[-1]
+    assert launch.main(["--entry", str(tmp_path / "missing.py"), *out]) == 2 and len(started) == 2
+    assert "--entry" in capsys.readouterr().err

@@ -83,7 +83,7 @@ PREEMPTED_EXIT_CODES = frozenset({PREEMPTED_EXIT_CODE, 75, 130, -signal.SIGTERM,
 
 CONFIG_FILE = "config.yaml"
 CHECKPOINT_DIR = "checkpoints"
-STEP_DIR = re.compile(r"^step_(\d+)$")  # a finished checkpoint step (checkpoint/megatron_io.py); .tmp is not
+STEP_DIR = re.compile(r"^step_(\d+)$")  # a finished checkpoint step (checkpoint/run_folder.py); .tmp is not
 LAUNCHER_LOG = "launcher.log"
 RESULTS_FILE = "results.md"
 PLOT_FILE = "accuracy.png"

@@ -22,11 +22,12 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
+from hacpo_megatron.checkpoint.format import check_parallel_layout, read_checkpoint_hf_config  # noqa: E402
 from hacpo_megatron.checkpoint.hf_io import read_hf_config  # noqa: E402
-from hacpo_megatron.checkpoint.local_world import WorkerError, finish, is_first_rank, run_collective  # noqa: E402
-from hacpo_megatron.checkpoint.megatron_io import (  # noqa: E402
-    check_parallel_layout, ensure_distributed, load_agent_checkpoint, read_checkpoint_hf_config, single_agent_parallel,
+from hacpo_megatron.checkpoint.local_world import (  # noqa: E402
+    WorkerError, ensure_distributed, finish, is_first_rank, run_collective, single_agent_parallel,
 )
+from hacpo_megatron.checkpoint.megatron_io import load_agent_checkpoint  # noqa: E402
 from hacpo_megatron.models.architectures import read_architecture  # noqa: E402
 from hacpo_megatron.models.build import AgentModel, build_agent_model  # noqa: E402
 from hacpo_megatron.models.logprobs import run_schedule  # noqa: E402

@@ -7,7 +7,7 @@
 The checkpoint loads at any TP/PP later (megatron reshards on load); --tp/--pp only choose how the
 conversion itself is split (memory per process: one TP x PP slice of the model plus one HF tensor).
 Run plainly, the tool starts the TP x PP processes itself (hacpo_megatron/checkpoint/local_world.py); under
-torchrun it uses the ranks it is given. The output folder (see hacpo_megatron/checkpoint/megatron_io.py)
+torchrun it uses the ranks it is given. The output folder (see hacpo_megatron/checkpoint/format.py)
 carries the HF config and tokenizer.
 
 Everything that can be checked is checked before any work, and before any process starts: supported
@@ -33,10 +33,11 @@ from hacpo_megatron.checkpoint.hf_io import (  # noqa: E402
     read_hf_config,
 )
 from hacpo_megatron.checkpoint.hf_mapping import load_hf_state_dict_into_model  # noqa: E402
-from hacpo_megatron.checkpoint.local_world import WorkerError, finish, is_first_rank, run_collective  # noqa: E402
-from hacpo_megatron.checkpoint.megatron_io import (  # noqa: E402
-    AgentState, check_parallel_layout, ensure_distributed, save_agent_checkpoint, single_agent_parallel,
+from hacpo_megatron.checkpoint.format import check_parallel_layout  # noqa: E402
+from hacpo_megatron.checkpoint.local_world import (  # noqa: E402
+    WorkerError, ensure_distributed, finish, is_first_rank, run_collective, single_agent_parallel,
 )
+from hacpo_megatron.checkpoint.megatron_io import AgentState, save_agent_checkpoint  # noqa: E402
 from hacpo_megatron.models.architectures import read_architecture  # noqa: E402
 from hacpo_megatron.models.build import build_agent_model  # noqa: E402
 

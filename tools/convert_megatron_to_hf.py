@@ -33,12 +33,15 @@ from hacpo_megatron.checkpoint.hf_io import (  # noqa: E402
     parse_size, publish_folder, write_hf_weights,
 )
 from hacpo_megatron.checkpoint.hf_mapping import iter_hf_tensors  # noqa: E402
-from hacpo_megatron.checkpoint.local_world import WorkerError, finish, is_first_rank, run_collective  # noqa: E402
-from hacpo_megatron.checkpoint.megatron_io import (  # noqa: E402
-    check_parallel_layout, checkpoint_tokenizer_dir, ensure_distributed, find_agent_checkpoints,
-    is_agent_checkpoint, load_agent_checkpoint, read_checkpoint_hf_config, read_checkpoint_metadata,
-    single_agent_parallel,
+from hacpo_megatron.checkpoint.format import (  # noqa: E402
+    check_parallel_layout, checkpoint_tokenizer_dir, is_agent_checkpoint, read_checkpoint_hf_config,
+    read_checkpoint_metadata,
 )
+from hacpo_megatron.checkpoint.local_world import (  # noqa: E402
+    WorkerError, ensure_distributed, finish, is_first_rank, run_collective, single_agent_parallel,
+)
+from hacpo_megatron.checkpoint.megatron_io import load_agent_checkpoint  # noqa: E402
+from hacpo_megatron.checkpoint.run_folder import find_agent_checkpoints  # noqa: E402
 from hacpo_megatron.models.architectures import read_architecture  # noqa: E402
 from hacpo_megatron.models.build import build_agent_model  # noqa: E402
 

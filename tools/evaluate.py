@@ -92,7 +92,8 @@ def check_hf_folder(folder: Path) -> None:
 
 def _is_megatron_checkpoint(path: Path) -> bool:
     """An agent folder, or a step/run folder of agent checkpoints (`latest` or agent subfolders)."""
-    from hacpo_megatron.checkpoint.megatron_io import LATEST_FILE, is_agent_checkpoint
+    from hacpo_megatron.checkpoint.format import is_agent_checkpoint
+    from hacpo_megatron.checkpoint.run_folder import LATEST_FILE
 
     if is_agent_checkpoint(path) or (path / LATEST_FILE).is_file():
         return True
@@ -101,7 +102,8 @@ def _is_megatron_checkpoint(path: Path) -> bool:
 
 def convert_megatron_checkpoint(path: Path, workdir: Path) -> Path:
     """A Hugging Face folder made from a Megatron agent checkpoint, through tools/convert_megatron_to_hf.py."""
-    from hacpo_megatron.checkpoint.megatron_io import CheckpointError, find_agent_checkpoints
+    from hacpo_megatron.checkpoint.format import CheckpointError
+    from hacpo_megatron.checkpoint.run_folder import find_agent_checkpoints
 
     try:
         agents = find_agent_checkpoints(path)
@@ -155,7 +157,7 @@ def resolve_model_folder(checkpoint: str, workdir: Path) -> Tuple[Path, str]:
 
 def _original_tokenizer_dir(checkpoint: str) -> Optional[Path]:
     """A Megatron agent checkpoint keeps its tokenizer in tokenizer/ (the converter copies it too)."""
-    from hacpo_megatron.checkpoint.megatron_io import checkpoint_tokenizer_dir
+    from hacpo_megatron.checkpoint.format import checkpoint_tokenizer_dir
 
     return checkpoint_tokenizer_dir(checkpoint) if Path(checkpoint).is_dir() else None
 

@@ -1,10 +1,10 @@
 """Soak a run: start it for N steps, sample every process of it every few seconds, and say whether anything grows.
 
     python tools/soak.py --config configs/default.yaml --steps 1000 --out soak/default [--every 5] \\
-        [--set checkpoint.save_every=50 ...] [-- LAUNCHER ARGS, e.g. --kill-engine-at-step 500]
+        [--set checkpoint.save_every=50 ...] [--fault kill_engine_at_step=500 ...] [-- LAUNCHER ARGS]
     python tools/soak.py --out soak/default --verdict-only      # plots and verdict again from samples.csv
     python tools/soak.py --config ... --steps 200 --out soak/faults --sigterm-at-step 150 \
-        -- --kill-engine-at-step 50 --kill-reward-at-step 100  # faults: compared before and after (below)
+        --fault kill_engine_at_step=50 --fault kill_reward_at_step=100  # faults: compared before and after (below)
 
 What is sampled, every --every seconds, for each process of the run's tree (the launcher's descendants: torchrun,
 every rank, Ray's GCS and raylet and their workers, each engine actor and vLLM's processes, the reward actor and
@@ -25,7 +25,8 @@ one sample at any phase of it), for counts the lowest of each step's samples:
     checkpoints/           < 1 MiB per 100 steps (keep_last holds it)
     object store           at every step's end within 1 MiB of the first step's; spilled bytes do not grow
 
-With faults (an engine or the reward actor killed by the launcher's --kill-*-at-step flags, and --sigterm-at-step N:
+With faults (an engine or the reward actor killed at a step by --fault, which runs the job through tools/faults.py,
+and --sigterm-at-step N:
 SIGTERM to the run once step N is logged, then the same command with --resume, sampled on into the same CSV) the
 verdict adds, per kind, the process count and resident memory of the last quarter of the steps before the first
 fault against those of the last quarter of the run: after recovery the same number of processes (nothing leaked or
@@ -53,11 +54,13 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from faults import FAULTS_ENV, FaultPlan  # noqa: E402
 from sample_memory import KINDS, describe  # noqa: E402
 
 SAMPLES_FILE = "samples.csv"
 VERDICT_FILE = "verdict.md"
 FAULTS_FILE = "faults.json"  # the step of the first fault, for --verdict-only
+FAULTS_ENTRY = str(Path(__file__).resolve().with_name("faults.py"))  # the main job with planted faults
 BAND_MARGIN = 0.10  # memory after the faults may exceed the most it held before them by this much
 FIELDS = ("time", "step", "pid", "kind", "rank", "rss_bytes", "fds", "threads", "children")
 QUANTITIES = ("rss_bytes", "fds", "threads", "children", "processes")
@@ -133,30 +136,29 @@ class StepCounter:
         return self.step
 
 
-def first_fault(launcher_args: Sequence[str], sigterm_at: Optional[int]) -> Optional[int]:
-    """The step of the soak's first fault: --sigterm-at-step, or a launcher's --kill-...-at-step N (0-based: the
-    fault strikes while step N + 1 runs, so step N is the last whole step before it)."""
-    steps = [sigterm_at] if sigterm_at else []
-    steps += [int(launcher_args[i + 1]) for i, a in enumerate(launcher_args[:-1])
-              if a.startswith("--kill-") and a.endswith("-at-step")]
+def first_fault(plan: FaultPlan, sigterm_at: Optional[int]) -> Optional[int]:
+    """The step of the soak's first fault: --sigterm-at-step, or a planted kill at step N (0-based: the fault
+    strikes while step N + 1 runs, so step N is the last whole step before it)."""
+    steps = [s for s in (sigterm_at, plan.first_step()) if s is not None]
     return min(steps) if steps else None
 
 
-def soak(args: argparse.Namespace, launcher_args: Sequence[str]) -> int:
+def soak(args: argparse.Namespace, plan: FaultPlan, launcher_args: Sequence[str]) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     run_dir = out / "run"
     command = [sys.executable, "-m", "hacpo_megatron.launch", "--config", args.config,
                "--set", f"run.total_steps={args.steps}", *[x for s in args.overrides for x in ("--set", s)],
-               "--output-dir", str(run_dir), *launcher_args]
-    fault = first_fault(launcher_args, args.sigterm_at_step)
+               "--output-dir", str(run_dir), *(["--entry", FAULTS_ENTRY] if plan.text() else []), *launcher_args]
+    fault = first_fault(plan, args.sigterm_at_step)
     (out / FAULTS_FILE).write_text(json.dumps({"first_fault_step": fault}))
     print("soak:", " ".join(command), flush=True)
     log = open(out / "launcher.log", "w")
 
     def start(extra: Sequence[str] = ()) -> subprocess.Popen:
         return subprocess.Popen([*command, *extra], cwd=Path(__file__).resolve().parents[1], stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+                                stderr=subprocess.STDOUT, start_new_session=True,
+                                env=dict(os.environ, **{FAULTS_ENV: plan.text()}))
 
     launcher, stop, terminated = start(), [], False
     for signum in (signal.SIGTERM, signal.SIGINT):  # passed on: the run checkpoints and stops; so do we
@@ -413,7 +415,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--verdict-only", action="store_true", help="judge OUT/samples.csv again; run nothing")
     parser.add_argument("--sigterm-at-step", type=int, help="SIGTERM the run once this step is logged, then --resume")
+    parser.add_argument("--fault", dest="faults", action="append", default=[], metavar="NAME=N",
+                        help="a fault planted in the run (tools/faults.py names them), e.g. kill_engine_at_step=50")
     args = parser.parse_args(argv)
+    try:
+        plan = FaultPlan.parse(",".join(args.faults))
+    except ValueError as error:
+        print(f"error: --fault: {error}", file=sys.stderr)
+        return 2
     if args.verdict_only:
         if not (Path(args.out) / SAMPLES_FILE).is_file():
             print(f"error: {Path(args.out) / SAMPLES_FILE}: no such file", file=sys.stderr)
@@ -422,7 +431,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     if not args.config or not args.steps or args.steps < 2 or args.every <= 0:
         print("error: --config, --steps >= 2 and --every > 0 are needed to run a soak", file=sys.stderr)
         return 2
-    return soak(args, launcher_args)
+    return soak(args, plan, launcher_args)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,10 @@ dies without one (a signal, os._exit) raises `WorkerError`. Either way the other
 processes they started, are stopped first, by process id: a rank blocked in a collective never hangs
 the tool. Workers ignore Ctrl-C (this process handles it and stops them) and die with this process.
 
+Inside the world, `fn` joins it with `ensure_distributed()` (torchrun's environment, or a world of this one
+process when a tool runs plainly at TP = PP = 1) and takes one agent's process groups from
+`single_agent_parallel`.
+
 `fn` must be a module-level function of an importable module or of the script being run (it is passed
 by name), its arguments and rank 0's result picklable. Input checks belong before the call, in the
 caller: they then run once, before any process starts.
@@ -39,7 +43,9 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import torch
 import torch.distributed as dist
 
+from hacpo_megatron.config.schema import AgentConfig, ParallelConfig
 from hacpo_megatron.environment import environment_set
+from hacpo_megatron.parallel.groups import AgentParallel, create_agent_groups, init_distributed
 
 HOST = "127.0.0.1"
 STOP_GRACE_S = 5.0  # after SIGTERM, before SIGKILL
@@ -90,6 +96,35 @@ def finish() -> None:
     """Tear down torch.distributed if this process joined a world (under torchrun, or at TP=PP=1)."""
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+
+
+# ------------------------------------------------------------------------------------------------
+# Inside the world: what a tool's collective function calls first
+# ------------------------------------------------------------------------------------------------
+def ensure_distributed() -> None:
+    """torch.distributed from torchrun's environment, or a world of this one process when run plainly."""
+    if not dist.is_initialized() and "RANK" not in os.environ:
+        import socket
+
+        with socket.socket() as s:  # a free port for the one-process rendezvous
+            s.bind((HOST, 0))
+            port = s.getsockname()[1]
+        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR=HOST, MASTER_PORT=str(port))
+    init_distributed()
+
+
+def single_agent_parallel(name: str, tensor_parallel: int, pipeline_parallel: int) -> AgentParallel:
+    """Process groups for one agent on global ranks 0 .. TP*PP-1. Collective over the world.
+
+    Ranks beyond TP*PP are not members; they still take part in saves (checkpoint/megatron_io.py).
+    """
+    needed = tensor_parallel * pipeline_parallel
+    if dist.get_world_size() < needed:
+        raise ValueError(f"TP={tensor_parallel} x PP={pipeline_parallel} needs {needed} processes, the world has "
+                         f"{dist.get_world_size()}: run under `torchrun --nproc_per_node {needed}`")
+    config = AgentConfig(name=name, parallel=ParallelConfig(tensor=tensor_parallel, pipeline=pipeline_parallel,
+                                                            first_rank=0))
+    return create_agent_groups([config])[0]
 
 
 # ------------------------------------------------------------------------------------------------

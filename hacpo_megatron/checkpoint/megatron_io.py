@@ -1,29 +1,11 @@
-"""Per-agent Megatron distributed checkpoints: one self-describing folder per agent, loadable at any TP/PP.
-
-One agent's checkpoint folder:
-
-    <agent>/
-      metadata.json        this format's version, architecture, true and padded vocabulary, the TP/PP
-                           it was saved at, whether optimizer state is inside (written last)
-      hf_config.json       the Hugging Face config.json: the model can be rebuilt from the folder alone
-      tokenizer/           the tokenizer files, when the model came with them
-      dist_checkpoint/     megatron `dist_checkpointing` (torch_dist) files: the model under "model",
-                           the optimizer (optional) under "optimizer", keys as Megatron-LM names them
-
-A training run keeps its checkpoints side by side and names the newest in a one-line file:
-
-    <root>/
-      latest               "step_00000020": always a complete step (written last, by rename)
-      step_00000010/<agent name>/...    one folder as above per agent
-      step_00000010/trainer_state.pt    optional: the trainer's own state (step, RNG, data position, ...)
-      step_00000010/manifest.json       size and SHA-256 of every file above (checkpoint/integrity.py),
-                                        verified before a resume loads the step
-      step_00000020/...
-      step_00000030.tmp/   a save that was interrupted: never read, removed by the next save
+"""Per-agent Megatron distributed checkpoints: saving and loading each agent's model and optimizer state, one
+self-describing folder per agent (checkpoint/format.py), loadable at any TP/PP; a training step's save of every
+agent into a run's folder, atomically (checkpoint/run_folder.py).
 
 Collectives. `dist_checkpointing.save` has no process-group argument: it synchronises the whole world
 and global rank 0 writes its bookkeeping. So every save here is entered by EVERY rank, with the agents
-in the same order; ranks outside an agent contribute an empty state. Loading reads only what this rank
+in the same order; ranks outside an agent contribute an empty state. A write that fails on one rank fails
+the save on every rank (checkpoint/save_agreement.py). Loading reads only what this rank
 needs (megatron's torch_dist loader does not communicate once access validation is off): loads are not
 collective and each agent's members load on their own.
 
@@ -37,72 +19,34 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-import logging
-import os
-import re
-import shutil
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterator, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
-from torch.distributed.checkpoint.api import CheckpointException
 
-from hacpo_megatron.checkpoint.hf_io import copy_tokenizer_files, fsync_tree, write_file_atomically
-from hacpo_megatron.checkpoint.integrity import write_manifest
 from hacpo_megatron import megatron_cpu
-from hacpo_megatron.models.architectures import Architecture, HFConfig, read_architecture
+from hacpo_megatron.checkpoint.format import (
+    DIST_CHECKPOINT_DIR, HF_CONFIG_FILE, METADATA_FILE, TOKENIZER_DIR, CheckpointError, CheckpointMetadata, PathLike,
+    check_compatible, read_checkpoint_hf_config, read_checkpoint_metadata,
+)
+from hacpo_megatron.checkpoint.hf_io import copy_tokenizer_files
+from hacpo_megatron.checkpoint.run_folder import (
+    LATEST_FILE, TMP_SUFFIX, TRAINER_STATE_FILE, latest_checkpoint, prune_checkpoints, publish_step,
+    remove_interrupted_saves, step_folder,
+)
+from hacpo_megatron.checkpoint.save_agreement import (
+    CheckpointSaveError, every_rank_learns_of_a_failure, megatron_writers_own_reason, save_failure_message,
+)
+from hacpo_megatron.models.architectures import HFConfig
 from hacpo_megatron.models.build import AgentModel, build_agent_model
-from hacpo_megatron.models.presets import layout_problems
 from hacpo_megatron.parallel.groups import AgentParallel
 
-PathLike = Union[str, os.PathLike]
-
-FORMAT_NAME = "hacpo_megatron.agent_checkpoint"
-FORMAT_VERSION = 1
-METADATA_FILE = "metadata.json"
-HF_CONFIG_FILE = "hf_config.json"
-TOKENIZER_DIR = "tokenizer"
-DIST_CHECKPOINT_DIR = "dist_checkpoint"
-LATEST_FILE = "latest"
-TRAINER_STATE_FILE = "trainer_state.pt"
-TMP_SUFFIX = ".tmp"
 # Non-tensor state (optimizer hyper-parameters, step counters) saved as one object owned by the agent's
 # first rank; see `_agent_owned_common_state`.
 AGENT_COMMON_STATE_KEY = "agent_common_state"
-_STEP_DIR = re.compile(r"^step_(\d+)$")
-
-
-class CheckpointError(ValueError):
-    """A checkpoint folder that cannot be used: the message names the folder and the file."""
-
-
-class CheckpointSaveError(CheckpointError):
-    """A save that failed (a full or broken disk) on some rank; raised on every rank with every rank's reason."""
-
-
-# What a failing disk raises: our own writes an OSError (or our CheckpointError), megatron's writer torch's
-# CheckpointException (a BaseException) on every rank, holding each rank's cause.
-STORAGE_ERRORS = (OSError, CheckpointError, CheckpointException)
-
-
-@dataclass(frozen=True)
-class CheckpointMetadata:
-    """metadata.json of one agent's checkpoint."""
-
-    hf_architecture: str
-    vocab_size: int  # the tokenizer's vocabulary (rows of the HF embedding)
-    padded_vocab_size: int  # rows of megatron's embedding at the TP it was saved at
-    tensor_parallel: int
-    pipeline_parallel: int
-    has_optimizer: bool
-    agent_name: str = ""
-    step: Optional[int] = None
-    params_dtype: str = "float32"
-    format: str = FORMAT_NAME
-    format_version: int = FORMAT_VERSION
 
 
 @dataclass
@@ -255,7 +199,7 @@ def checkpoint_metadata_of(agent: AgentModel, *, has_optimizer: bool, step: Opti
 
 
 def save_agent_checkpoint(folder: PathLike, agent: AgentState, *, step: Optional[int] = None) -> None:
-    """Write one agent's checkpoint folder (see the module docstring). Collective: every rank calls it.
+    """Write one agent's checkpoint folder (checkpoint/format.py). Collective: every rank calls it.
 
     Writes into `folder` directly (created if missing); use `save_agents_checkpoint` for the
     crash-safe step/latest layout, or write to a temporary folder and rename it yourself.
@@ -265,7 +209,7 @@ def save_agent_checkpoint(folder: PathLike, agent: AgentState, *, step: Optional
 
     folder = Path(folder)
     dist_dir = folder / DIST_CHECKPOINT_DIR
-    with _every_rank_learns_of_a_failure(f"saving {folder}"):  # megatron's writers expect the folder on every rank
+    with every_rank_learns_of_a_failure(f"saving {folder}"):  # megatron's writers expect the folder on every rank
         if dist.get_rank() == 0:
             dist_dir.mkdir(parents=True, exist_ok=True)
     member = agent.parallel.is_member
@@ -273,66 +217,11 @@ def save_agent_checkpoint(folder: PathLike, agent: AgentState, *, step: Optional
         raise ValueError(f"rank {agent.parallel.rank} belongs to agent {agent.parallel.name!r} but passed no model")
     state = agent_sharded_state_dict(agent.model, agent.optimizer) if member else {}
     _start_writer_helper_outliving_sigterm()
-    with _every_rank_learns_of_a_failure(f"saving {folder}"):
-        with _megatron_writers_own_reason():
+    with every_rank_learns_of_a_failure(f"saving {folder}"):
+        with megatron_writers_own_reason():
             dist_checkpointing.save(state, str(dist_dir))
         if member and agent.parallel.agent_rank == 0:
             _write_side_files(folder, agent, step)
-
-
-def _cause(error: BaseException) -> str:
-    """One line for a failed write: the OSError's reason and file, our CheckpointError's text, or (a
-    CheckpointException whose writer logged no reason) the first rank's exception that megatron gathered."""
-    failures = getattr(error, "failures", None)
-    if failures:  # CheckpointException: {rank: (exception, traceback)}
-        error = next(iter(failures.values()))[0]
-    if isinstance(error, OSError) and error.strerror:
-        return f"{error.strerror}: {error.filename}" if error.filename else error.strerror
-    text = (str(error).strip().splitlines() or [""])[0][:300]
-    return text if isinstance(error, CheckpointError) else f"{type(error).__name__}: {text}"
-
-
-@contextlib.contextmanager
-def _megatron_writers_own_reason() -> Iterator[None]:
-    """Megatron's writer threads catch the real error of a failed write (on a full disk: "[Errno 28] No space
-    left on device"), log it, and raise a CheckpointException that only says "<class 'RuntimeError'>"
-    (filesystem_async.py, megatron-core 0.19). The logged line is the reason: raised as a CheckpointError."""
-    from megatron.core.dist_checkpointing.strategies import filesystem_async
-
-    class Collect(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            reasons.append(record.getMessage())
-
-    reasons: List[str] = []
-    handler, logger = Collect(logging.ERROR), logging.getLogger(filesystem_async.__name__)
-    logger.addHandler(handler)
-    try:
-        yield
-    except CheckpointException as error:
-        marker = "encountered an error: "  # "Local worker 0 encountered an error: <the exception>"
-        worker = [reason.split(marker, 1)[1] for reason in reasons if marker in reason]
-        if not worker and not reasons:
-            raise
-        raise CheckpointError(f"megatron's checkpoint writer: {(worker or reasons)[0]}") from error
-    finally:
-        logger.removeHandler(handler)
-
-
-@contextlib.contextmanager
-def _every_rank_learns_of_a_failure(what: str) -> Iterator[None]:
-    """Run the block on every rank, then agree (an all-gather: it is a barrier too). If any rank's block
-    failed on storage, every rank raises CheckpointSaveError naming each such rank and why: a write that only
-    one rank does (side files, manifest, rename) must not leave the others waiting at the next barrier."""
-    error = None
-    try:
-        yield
-    except STORAGE_ERRORS as caught:
-        error = caught
-    reports: List[Optional[str]] = [None] * dist.get_world_size()
-    dist.all_gather_object(reports, None if error is None else f"rank {dist.get_rank()}: {_cause(error)}")
-    failed = [report for report in reports if report]
-    if failed:
-        raise CheckpointSaveError(f"{what} failed ({'; '.join(failed)})") from error
 
 
 def _start_writer_helper_outliving_sigterm() -> None:
@@ -389,10 +278,6 @@ def _write_side_files(folder: Path, agent: AgentState, step: Optional[int]) -> N
 # ------------------------------------------------------------------------------------------------
 # Saving a training step: every agent, atomically, with `latest`
 # ------------------------------------------------------------------------------------------------
-def step_dir_name(step: int) -> str:
-    return f"step_{step:08d}"
-
-
 def save_agents_checkpoint(
     root: PathLike,
     step: int,
@@ -412,28 +297,28 @@ def save_agents_checkpoint(
     `trainer_state` (rank 0's) is saved with torch.save as `trainer_state.pt`.
     """
     root = Path(root)
-    final = root / step_dir_name(step)
-    temporary = root / (step_dir_name(step) + TMP_SUFFIX)
+    final = step_folder(root, step)
+    temporary = root / (final.name + TMP_SUFFIX)
     names = [a.parallel.name for a in agents]
     if len(set(names)) != len(names):
         raise ValueError(f"agent names must be distinct, got {names}")
     try:
-        with _every_rank_learns_of_a_failure(f"saving step {step}"):
+        with every_rank_learns_of_a_failure(f"saving step {step}"):
             if dist.get_rank() == 0:
                 root.mkdir(parents=True, exist_ok=True)
                 remove_interrupted_saves(root)
                 temporary.mkdir()
         for agent in agents:  # each agrees at its end: every rank's files exist before rank 0 lists them
             save_agent_checkpoint(temporary / agent.parallel.name, agent, step=step)
-        with _every_rank_learns_of_a_failure(f"saving step {step}"):
+        with every_rank_learns_of_a_failure(f"saving step {step}"):
             if dist.get_rank() == 0:
                 if trainer_state is not None:
                     _write_trainer_state(trainer_state, temporary / TRAINER_STATE_FILE)
-                _publish(temporary, final, root)
+                publish_step(temporary, final, root)
                 if keep_last:
                     prune_checkpoints(root, keep_last)
     except CheckpointSaveError as error:  # disk full, I/O error: the previous step stays `latest`
-        raise CheckpointSaveError(_save_failure_message(error, temporary, root)) from error.__cause__
+        raise CheckpointSaveError(save_failure_message(error, temporary, root)) from error.__cause__
     return final
 
 
@@ -443,166 +328,6 @@ def _write_trainer_state(state: Dict[str, Any], path: Path) -> None:
     buffer = io.BytesIO()
     torch.save(state, buffer)
     path.write_bytes(buffer.getvalue())
-
-
-def _save_failure_message(error: CheckpointSaveError, temporary: Path, root: Path) -> str:
-    """What failed where, the space left, and what `latest` still names; rank 0 removes the partial step
-    folder first (on a full disk it holds the space a next save needs)."""
-    if dist.get_rank() == 0:
-        shutil.rmtree(temporary, ignore_errors=True)
-    dist.barrier()
-    free = shutil.disk_usage(root).free if root.is_dir() else None
-    pointer = root / LATEST_FILE
-    previous = pointer.read_text().strip() if pointer.is_file() else "no step yet"
-    return (f"{error}. {temporary.name} was removed; "
-            + (f"{free / 2**30:.2f} GiB free on {root}'s filesystem; " if free is not None else "")
-            + f"`latest` still names {previous} (free space, then --resume continues from it)")
-
-
-def _publish(temporary: Path, final: Path, root: Path) -> None:
-    """Manifest, fsync, rename the finished step into place, then move `latest` to it (rank 0)."""
-    write_manifest(temporary)
-    fsync_tree(temporary)
-    if final.exists():  # the same step saved again (e.g. after a resume): the new one wins
-        stale = final.with_name(final.name + ".old" + TMP_SUFFIX)
-        os.replace(final, stale)
-        os.replace(temporary, final)
-        shutil.rmtree(stale)
-    else:
-        os.replace(temporary, final)
-    write_file_atomically(root / LATEST_FILE, final.name + "\n")
-
-
-def remove_interrupted_saves(root: PathLike) -> List[Path]:
-    """Delete `*.tmp` folders (saves that never finished) under `root`; the deleted paths."""
-    removed = []
-    for path in sorted(Path(root).glob("*" + TMP_SUFFIX)):
-        if path.is_dir():
-            shutil.rmtree(path)
-            removed.append(path)
-    return removed
-
-
-def checkpoint_steps(root: PathLike) -> List[int]:
-    """The steps with a finished folder under `root`, ascending."""
-    steps = []
-    for path in Path(root).iterdir() if Path(root).is_dir() else []:
-        match = _STEP_DIR.match(path.name)
-        if match and path.is_dir():
-            steps.append(int(match.group(1)))
-    return sorted(steps)
-
-
-def prune_checkpoints(root: PathLike, keep_last: int) -> List[Path]:
-    """Delete all but the newest `keep_last` steps (never the one `latest` names); the deleted paths."""
-    if keep_last < 1:
-        raise ValueError(f"keep_last must be >= 1, got {keep_last}")
-    latest = latest_checkpoint(root)
-    removed = []
-    for step in checkpoint_steps(root)[:-keep_last]:
-        path = Path(root) / step_dir_name(step)
-        if latest is not None and path.resolve() == latest.resolve():
-            continue
-        shutil.rmtree(path)
-        removed.append(path)
-    return removed
-
-
-def latest_checkpoint(root: PathLike) -> Optional[Path]:
-    """The step folder `<root>/latest` names; None if nothing was saved yet."""
-    pointer = Path(root) / LATEST_FILE
-    if not pointer.is_file():
-        return None
-    name = pointer.read_text().strip()
-    path = Path(root) / name
-    if not _STEP_DIR.match(name) or not path.is_dir():
-        raise CheckpointError(f"{pointer}: names {name!r}, which is not a checkpoint folder under {root}")
-    return path
-
-
-def resume_candidates(root: PathLike) -> List[Path]:
-    """Step folders to try when resuming, newest first: the one `latest` names (if it names one),
-    then every other finished step folder."""
-    root = Path(root)
-    try:
-        latest = latest_checkpoint(root)
-    except CheckpointError:  # `latest` itself damaged: the step folders remain
-        latest = None
-    others = [root / step_dir_name(s) for s in reversed(checkpoint_steps(root))]
-    return ([latest] if latest is not None else []) + [p for p in others if p != latest]
-
-
-def latest_step(root: PathLike) -> Optional[int]:
-    path = latest_checkpoint(root)
-    return None if path is None else int(_STEP_DIR.match(path.name).group(1))
-
-
-# ------------------------------------------------------------------------------------------------
-# Reading a folder
-# ------------------------------------------------------------------------------------------------
-def read_checkpoint_metadata(folder: PathLike) -> CheckpointMetadata:
-    """metadata.json of an agent folder, after checking that the folder has all its parts."""
-    folder = Path(folder)
-    if not folder.is_dir():
-        raise CheckpointError(f"{folder}: no such checkpoint folder")
-    for required in (METADATA_FILE, HF_CONFIG_FILE, f"{DIST_CHECKPOINT_DIR}/metadata.json",
-                     f"{DIST_CHECKPOINT_DIR}/.metadata"):
-        if not (folder / required).is_file():
-            raise CheckpointError(f"{folder}: not a complete agent checkpoint, {required} is missing")
-    path = folder / METADATA_FILE
-    try:
-        values = json.loads(path.read_text())
-    except json.JSONDecodeError as error:
-        raise CheckpointError(f"{path}: not valid JSON ({error})") from None
-    if values.get("format") != FORMAT_NAME:
-        raise CheckpointError(f"{path}: format {values.get('format')!r}, expected {FORMAT_NAME!r}")
-    if values.get("format_version") != FORMAT_VERSION:
-        raise CheckpointError(f"{path}: format_version {values.get('format_version')!r}; "
-                              f"this code reads version {FORMAT_VERSION}")
-    try:
-        return CheckpointMetadata(**values)
-    except TypeError as error:
-        raise CheckpointError(f"{path}: unexpected or missing fields ({error})") from None
-
-
-def read_checkpoint_hf_config(folder: PathLike) -> Dict[str, Any]:
-    read_checkpoint_metadata(folder)
-    path = Path(folder) / HF_CONFIG_FILE
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as error:
-        raise CheckpointError(f"{path}: not valid JSON ({error})") from None
-
-
-def checkpoint_tokenizer_dir(folder: PathLike) -> Optional[Path]:
-    path = Path(folder) / TOKENIZER_DIR
-    return path if path.is_dir() else None
-
-
-def is_agent_checkpoint(folder: PathLike) -> bool:
-    return (Path(folder) / METADATA_FILE).is_file() and (Path(folder) / DIST_CHECKPOINT_DIR).is_dir()
-
-
-def find_agent_checkpoints(path: PathLike) -> Dict[str, Path]:
-    """{agent name: folder} for an agent folder, a step folder, or a run root (its `latest` step)."""
-    path = Path(path)
-    if is_agent_checkpoint(path):
-        return {read_checkpoint_metadata(path).agent_name or path.name: path}
-    step_dir = latest_checkpoint(path) if (path / LATEST_FILE).is_file() else path
-    if step_dir is None or not step_dir.is_dir():
-        raise CheckpointError(f"{path}: neither an agent checkpoint ({METADATA_FILE}), nor a step folder, "
-                              f"nor a run folder with `{LATEST_FILE}`")
-    found = {p.name: p for p in sorted(step_dir.iterdir()) if p.is_dir() and is_agent_checkpoint(p)}
-    if not found:
-        raise CheckpointError(f"{step_dir}: holds no agent checkpoint folders")
-    return found
-
-
-def _check_compatible(folder: Path, metadata: CheckpointMetadata, arch: Architecture) -> None:
-    if metadata.hf_architecture != arch.hf_architecture or metadata.vocab_size != arch.vocab_size:
-        raise CheckpointError(
-            f"{folder / METADATA_FILE}: holds a {metadata.hf_architecture} with vocabulary {metadata.vocab_size}, "
-            f"the model is a {arch.hf_architecture} with vocabulary {arch.vocab_size}")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -619,7 +344,7 @@ def load_agent_checkpoint(folder: PathLike, agent: AgentModel, optimizer: Option
 
     folder = Path(folder)
     metadata = read_checkpoint_metadata(folder)
-    _check_compatible(folder, metadata, agent.arch)
+    check_compatible(folder, metadata, agent.arch)
     if optimizer is not None and not metadata.has_optimizer:
         raise CheckpointError(f"{folder}: holds no optimizer state (a converted model?); load without optimizer")
     if optimizer is not None:
@@ -658,50 +383,3 @@ def load_agents_checkpoint(path: PathLike, agents: Sequence[AgentState]) -> Tupl
     state_path = step_dir / TRAINER_STATE_FILE
     trainer_state = torch.load(state_path, weights_only=True) if state_path.is_file() else None
     return step_dir, trainer_state
-
-
-def check_parallel_layout(arch: Architecture, tensor_parallel: int, pipeline_parallel: int) -> None:
-    """ValueError unless TP divides the attention and key/value heads and PP divides the layers."""
-    if tensor_parallel < 1 or pipeline_parallel < 1:
-        raise ValueError(f"TP and PP must be >= 1, got TP={tensor_parallel}, PP={pipeline_parallel}")
-    problems = layout_problems(arch.layout_shape, tensor_parallel, pipeline_parallel, arch.hf_architecture)
-    if problems:
-        raise ValueError("; ".join(problems.values()))
-
-
-def architecture_of_checkpoint(folder: PathLike) -> Architecture:
-    return read_architecture(read_checkpoint_hf_config(folder))
-
-
-# ------------------------------------------------------------------------------------------------
-# A world for the command-line tools
-# ------------------------------------------------------------------------------------------------
-def ensure_distributed() -> None:
-    """torch.distributed from torchrun's environment, or a world of this one process when run plainly."""
-    from hacpo_megatron.parallel.groups import init_distributed
-
-    if not dist.is_initialized() and "RANK" not in os.environ:
-        import socket
-
-        with socket.socket() as s:  # a free port for the one-process rendezvous
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    init_distributed()
-
-
-def single_agent_parallel(name: str, tensor_parallel: int, pipeline_parallel: int) -> AgentParallel:
-    """Process groups for one agent on global ranks 0 .. TP*PP-1. Collective over the world.
-
-    Ranks beyond TP*PP are not members; they still take part in saves (see the module docstring).
-    """
-    from hacpo_megatron.config.schema import AgentConfig, ParallelConfig
-    from hacpo_megatron.parallel.groups import create_agent_groups
-
-    needed = tensor_parallel * pipeline_parallel
-    if dist.get_world_size() < needed:
-        raise ValueError(f"TP={tensor_parallel} x PP={pipeline_parallel} needs {needed} processes, the world has "
-                         f"{dist.get_world_size()}: run under `torchrun --nproc_per_node {needed}`")
-    config = AgentConfig(name=name, parallel=ParallelConfig(tensor=tensor_parallel, pipeline=pipeline_parallel,
-                                                            first_rank=0))
-    return create_agent_groups([config])[0]

@@ -7,6 +7,7 @@ from hacpo_megatron.config.schema import (
     Config,
     DataConfig,
     LoggingConfig,
+    MoEConfig,
     ParallelConfig,
     RewardConfig,
     RolloutConfig,
@@ -16,6 +17,6 @@ from hacpo_megatron.config.schema import (
 
 __all__ = [
     "AgentConfig", "AlgorithmConfig", "CheckpointConfig", "Config", "ConfigError", "DataConfig", "LoggingConfig",
-    "ParallelConfig", "RewardConfig", "RolloutConfig", "RunConfig", "TrainConfig", "config_to_dict", "dump_config",
-    "load_config",
+    "MoEConfig", "ParallelConfig", "RewardConfig", "RolloutConfig", "RunConfig", "TrainConfig", "config_to_dict",
+    "dump_config", "load_config",
 ]

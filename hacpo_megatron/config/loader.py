@@ -19,7 +19,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import yaml
 
-from hacpo_megatron.config.schema import AgentConfig, Config
+from hacpo_megatron.config.schema import AgentConfig, Config, MoEConfig
 
 Path = Tuple[Any, ...]
 _NUMBER = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
@@ -384,16 +384,27 @@ def _validate_agent(agent: AgentConfig, path: Path, where: _Where, errors: List[
     if agent.sft_warmup_stop_accuracy is not None:
         _check(0 < agent.sft_warmup_stop_accuracy <= 1, errors, where, path + ("sft_warmup_stop_accuracy",),
                f"must be in (0, 1], got {agent.sft_warmup_stop_accuracy}")
+    moe = agent.moe
+    _check(moe.aux_loss_coeff >= 0, errors, where, path + ("moe", "aux_loss_coeff"),
+           f"must be >= 0, got {moe.aux_loss_coeff}")
+    _check(not (moe.freeze_router and moe.aux_loss_coeff > 0), errors, where, path + ("moe", "freeze_router"),
+           f"keeps the routers fixed, which the load-balancing loss (moe.aux_loss_coeff {moe.aux_loss_coeff}) would "
+           "train: set moe.aux_loss_coeff to 0 or freeze_router to false")
     if not agent.model:
         errors.append(f"{where(path + ('model',))}: required (a preset name or a Hugging Face folder), or an init_from")
         return
+    given_as = "init_from" if agent.model == agent.init_from else "model"  # `model` defaults to the init_from folder
     try:
         shape = shape_of(load_arch(agent.model))
     except (ValueError, KeyError, OSError) as exc:
-        errors.append(f"{where(path + ('model',))}: {exc}")
+        errors.append(f"{where(path + (given_as,))}: {exc}")
         return
     for key, problem in presets.layout_problems(shape, p.tensor, p.pipeline, agent.model).items():
         errors.append(f"{where(path + ('parallel', key))}: {problem}")
+    if not shape.get("num_experts"):
+        for key, default in dataclasses.asdict(MoEConfig()).items():
+            _check(getattr(moe, key) == default, errors, where, path + ("moe", key),
+                   f"applies to a mixture-of-experts model's routers; {agent.model} has none (leave it out)")
 
 
 def _resolve_model_names(cfg: Config, where: _Where, errors: List[str]) -> None:

@@ -38,6 +38,18 @@ class ParallelConfig:
 
 
 @dataclass
+class MoEConfig:
+    # Weight of the routers' load-balancing loss: megatron's aux_loss (E * sum_e f_e P_e per layer, 1 when routing is
+    # even), summed over layers, each micro-batch's weighted by its share of the update's tokens (docs/moe.md). 0: no
+    # such loss (the routers learn from the policy loss alone), as slime's and miles' Qwen3-30B-A3B RL scripts run;
+    # the checkpoint's router_aux_loss_coef is not applied
+    aux_loss_coeff: float = 0.0
+    # true: the routers' weights take no gradient and never change (the experts and all else train); needs
+    # aux_loss_coeff 0
+    freeze_router: bool = False
+
+
+@dataclass
 class AgentConfig:
     name: str = ""
     # built-in preset name (hacpo_megatron/models/presets.py), a folder with config.json, or a known GGUF model
@@ -57,6 +69,8 @@ class AgentConfig:
     # problems, or for longer, start RL knowing different things (configs/study/)
     sft_warmup_task: Optional[str] = None
     sft_warmup_stop_accuracy: Optional[float] = None
+    # A mixture-of-experts agent's routers (docs/moe.md); a dense model's agent leaves these keys at their defaults
+    moe: MoEConfig = field(default_factory=MoEConfig)
 
     @property
     def tokenizer_source(self) -> str:

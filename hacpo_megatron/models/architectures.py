@@ -77,7 +77,9 @@ class MoE:
     top_k: int  # experts per token (HF num_experts_per_tok)
     ffn_hidden_size: int  # of each expert (HF moe_intermediate_size)
     norm_topk_prob: bool  # the kept probabilities divided by their sum
-    aux_loss_coeff: float  # HF router_aux_loss_coef (its load-balancing loss's weight)
+    # HF router_aux_loss_coef: the weight of transformers' load-balancing loss in the checkpoint's own training; read,
+    # not applied (an agent's moe.aux_loss_coeff weights the trainer's loss, docs/moe.md)
+    aux_loss_coeff: float
 
 
 @dataclass(frozen=True)
@@ -399,9 +401,10 @@ def moe_config_settings(moe: MoE) -> Dict[str, Any]:
         moe_token_dispatcher_type="allgather",
         moe_expert_capacity_factor=None,  # dropless
         moe_pad_expert_input_to_capacity=False,
-        moe_router_load_balancing_type="aux_loss",
-        # the same coefficient; the loss it weights is not HF's: docs/moe.md (per layer and divided by top-k)
-        moe_aux_loss_coeff=moe.aux_loss_coeff,
+        # megatron's own load-balancing loss is off: the trainer adds it per model (models/moe_router.py), weighted by
+        # the agent's moe.aux_loss_coeff; the checkpoint's router_aux_loss_coef (MoE.aux_loss_coeff) is not applied
+        moe_router_load_balancing_type="none",
+        moe_aux_loss_coeff=0.0,
         moe_z_loss_coeff=None,
         moe_input_jitter_eps=None,
         moe_shared_expert_intermediate_size=None,

@@ -372,6 +372,7 @@ def make_forward_step(agent: AgentModel, *, temperature: float = 1.0,
     the loss (training), without it they are returned as the micro-batch's result (inference).
     """
     tp_group = agent.parallel.tp_group
+    moe = agent.arch.moe is not None
 
     def loss_func(micro_batch: PackedBatch, response_logits: torch.Tensor) -> Tuple[Any, ...]:
         # response_logits [T, 1, V/TP]: one row per response token, at the position that predicts it
@@ -392,12 +393,15 @@ def make_forward_step(agent: AgentModel, *, temperature: float = 1.0,
         if not layout.plain and not agent.takes_attention_mask:
             raise ValueError(f"{agent.parallel.name}: shared-prompt or packed rows need the project's core attention "
                              "(megatron's local layers, unfused RoPE); Transformer Engine's takes one sequence a row")
+        # MoE: megatron's padding mask for the routers (True: padding), which the load-balancing loss leaves out
+        # (models/moe_router.py); routing itself is per token either way
+        padding = dict(padding_mask=layout.document < 0) if moe else {}
         with rotary_at_positions(model, None if layout.plain else layout.position), \
                 attention_over(layout, agent.attention):
             output = model(micro_batch.tokens.to(device), layout.position, attention_mask=None,
                            output_processor=_response_positions_logits,
                            output_processor_context=(micro_batch.logit_rows.to(device),
-                                                     micro_batch.logit_positions.to(device)))
+                                                     micro_batch.logit_positions.to(device)), **padding)
         return output, partial(loss_func, micro_batch)
 
     return forward_step

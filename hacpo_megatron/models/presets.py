@@ -114,7 +114,12 @@ def load_hf_config_dict(model: str) -> Dict[str, Any]:
 
 
 def attention_shape(hf_config: Dict[str, Any]) -> Dict[str, int]:
-    """The numbers parallel layouts must divide: attention heads, key/value heads, layers."""
+    """The numbers parallel layouts must divide: attention heads, key/value heads, layers. A family this project
+    does not build is named first (GPT-2's config has none of these keys: a bare KeyError would say nothing)."""
+    named = list(hf_config.get("architectures") or [])
+    if named and not any(name in SUPPORTED_ARCHITECTURES for name in named):
+        raise ValueError(f"unsupported architecture {named}; supported architectures: "
+                         + ", ".join(SUPPORTED_ARCHITECTURES))
     heads = int(hf_config["num_attention_heads"])
     return {
         "num_attention_heads": heads,

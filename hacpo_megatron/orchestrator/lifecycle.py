@@ -16,8 +16,10 @@ from __future__ import annotations
 
 from typing import Any, List, Optional
 
+from hacpo_megatron.config.schema import Config
 from hacpo_megatron.orchestrator.preemption import Preempted, PreemptionGuard
 from hacpo_megatron.orchestrator.ray_runtime import RayRuntime, leave_ray
+from hacpo_megatron.orchestrator.run_agents import RunAgents
 from hacpo_megatron.orchestrator.startup import start_actors
 
 
@@ -32,7 +34,7 @@ class RunLifecycle:
     def __enter__(self) -> "RunLifecycle":
         return self
 
-    def start_actors(self, cfg: Any, agents: Any, tokenizers: List[str], rank: int, output_dir: str) -> Any:
+    def start_actors(self, cfg: Config, agents: RunAgents, tokenizers: List[str], rank: int, output_dir: str) -> Any:
         """Connect to Ray (or start a local one), then the agents' engine actors and the reward actor; the
         engines and their weight senders go into `agents`; `tokenizers`: each agent's tokenizer name or folder.
         Returns the reward actor (rank 0's handle)."""

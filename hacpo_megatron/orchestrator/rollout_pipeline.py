@@ -1,10 +1,10 @@
 """Each step's answers and rewards (steps 1-3 of Algorithm 1), generated up to rollout.max_staleness steps ahead.
 
-    pipeline = RolloutPipeline(cfg, agents, sampler, reward_actor, G, options, start_step)
+    pipeline = RolloutPipeline(cfg, agents, sampler, reward_actor, G, weight_check, start_step)
     work = pipeline.step_rollouts(step, times)   # every rank: prompts, answers, scores, weight versions
     ... train step `step`, push the new weights ...
     pipeline.sampler_state()                     # what a checkpoint keeps of the sampler (in-flight steps undrawn)
-    held_out_scores(cfg, agents, eval_set, reward_actor, options, done)   # every rank; figures on rank 0
+    held_out_scores(cfg, agents, eval_set, reward_actor, weight_check, done)   # every rank; figures on rank 0
 
 With k = 0 a step's prompts are drawn and answered when the step begins: the synchronous loop, the paper's
 algorithm. With k >= 1 the engines answer steps t+1 .. t+k while the learners train step t
@@ -28,6 +28,7 @@ import ray
 import torch.distributed as dist
 
 from hacpo_megatron.bridge import render_prompts
+from hacpo_megatron.config.schema import Config
 from hacpo_megatron.orchestrator.actors import call_with_restarts
 from hacpo_megatron.orchestrator.generation_schedule import GenerationSchedule, PhaseClock
 from hacpo_megatron.orchestrator.run_agents import RunAgents
@@ -57,9 +58,10 @@ class StepRollouts:
 
 
 class RolloutPipeline:
-    def __init__(self, cfg: Any, agents: RunAgents, sampler: Any, reward_actor: Any, G: int, options: Any,
+    def __init__(self, cfg: Config, agents: RunAgents, sampler: Any, reward_actor: Any, G: int, weight_check: bool,
                  start_step: int):
-        self.cfg, self.agents, self.reward_actor, self.G, self.options = cfg, agents, reward_actor, G, options
+        self.cfg, self.agents, self.reward_actor, self.G = cfg, agents, reward_actor, G
+        self.weight_check = weight_check  # verify an engine's weights after each push
         self.sampler = sampler
         self.schedule = GenerationSchedule(max_staleness=cfg.rollout.max_staleness, total_steps=cfg.run.total_steps,
                                            next_prompts=sampler.next_batch, launch=self._launch,
@@ -69,7 +71,7 @@ class RolloutPipeline:
 
     def step_rollouts(self, step: int, times: Dict[str, float]) -> StepRollouts:
         """Step `step`'s answers and rewards on every rank (launching the steps up to `step` + k first)."""
-        restore_engines(self.agents, self.options.weight_check)  # an engine Ray restarted since its last push
+        restore_engines(self.agents, self.weight_check)  # an engine Ray restarted since its last push
         self.clock.learners_stop(time.time())  # the previous step's update, push and metrics are done
         self.schedule.launch_up_to(step, trained=step)
         work = self.schedule.take(step)
@@ -94,7 +96,6 @@ class RolloutPipeline:
         """Rank 0: every agent's generation of `step` queued on its engine (Ray futures); elsewhere nothing."""
         if dist.get_rank() != 0:
             return {}
-        self.options.faults.at_generation(step, self.agents)
         params = sampling(self.cfg, self.G, step)
         return {k: self.agents.engines[k].generate_timed.remote(render_prompts(tok, prompts), params(k))
                 for k, tok in enumerate(self.agents.tokenizers)}
@@ -117,7 +118,6 @@ class RolloutPipeline:
             times["time/rollout"] = time.perf_counter() - t  # the learners' wait: all of the generation when k = 0
             results = self._answers(results, metrics)
             payload = [([results.get(k) for k in range(len(agents.configs))], failed)]
-            self.options.faults.before_weight_push(step, agents)
         dist.broadcast_object_list(payload, src=0)
         rollouts, failed = payload[0]
         for _attempt in range(ENGINE_RETRIES):
@@ -126,7 +126,7 @@ class RolloutPipeline:
             if rank == 0:
                 print(f"step {step + 1}: the engines of {[agents.names[k] for k in failed]} died while generating: "
                       "pushing their weights to the restarted engines, then generating again", flush=True)
-            restore_engines(agents, self.options.weight_check, restarted=failed)
+            restore_engines(agents, self.weight_check, restarted=failed)
             for k in failed:
                 generated_by[k] = step
             payload = [None]
@@ -146,7 +146,6 @@ class RolloutPipeline:
     def _score(self, step: int, prompts: list, rollouts: list, times: Dict[str, float]):
         payload: List[Any] = [None]
         if dist.get_rank() == 0:
-            self.options.faults.before_scoring(step, self.reward_actor)  # a test's: dies inside the scoring call below
             t = time.perf_counter()
             payload = [call_with_restarts(self.reward_actor, "score", reward_items(prompts, rollouts))]
             times["time/reward"] = time.perf_counter() - t
@@ -175,7 +174,7 @@ class ReplayedRollouts:
         return self.sampler.state_dict()
 
 
-def held_out_scores(cfg: Any, agents: RunAgents, eval_set: list, reward_actor: Any, options: Any,
+def held_out_scores(cfg: Config, agents: RunAgents, eval_set: list, reward_actor: Any, weight_check: bool,
                     done: int) -> Dict[str, List[float]]:
     """Every agent's score on each held-out problem (on rank 0; {} elsewhere): the mean score of its answers to
     it (greedy, or k samples with a seed that is the same at every evaluation, so successive evaluations differ by
@@ -189,13 +188,12 @@ def held_out_scores(cfg: Any, agents: RunAgents, eval_set: list, reward_actor: A
                             seed=cfg.run.seed + 99_991)
     pending = list(range(len(agents.configs)))
     answers: Dict[int, Any] = {}
-    for attempt in range(ENGINE_RETRIES + 1):
-        restore_engines(agents, options.weight_check)  # restarted since their last push: weights again
+    for _attempt in range(ENGINE_RETRIES + 1):
+        restore_engines(agents, weight_check)  # restarted since their last push: weights again
         failed: List[Any] = [None]
         if rank == 0:
             handles = {k: agents.engines[k].generate.remote(render_prompts(agents.tokenizers[k], eval_set), params)
                        for k in pending}
-            options.faults.in_evaluation(done, attempt, agents)
             results, failed[0] = wait_for_generations(handles)
             answers.update(results)
         dist.broadcast_object_list(failed, src=0)
@@ -228,7 +226,7 @@ def wait_for_generations(handles: Dict[int, Any]):
     return results, failed
 
 
-def sampling(cfg: Any, G: int, step: int) -> Callable[[int], SamplingParams]:
+def sampling(cfg: Config, G: int, step: int) -> Callable[[int], SamplingParams]:
     """Per-agent sampling parameters; the seed depends only on (run seed, step, agent): resumable."""
     def for_agent(k: int) -> SamplingParams:
         return SamplingParams(n=G, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,

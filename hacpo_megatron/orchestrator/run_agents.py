@@ -15,7 +15,6 @@ class RunAgents(Protocol):
     tokenizers: list
     engines: Dict[int, Any]  # EngineActor handles (rank 0 and engine ranks)
     senders: Dict[int, Any]  # weight transport to agent k's engine (k's engine rank)
-    engines_running: bool  # False in run.mode train_only
 
     @property
     def names(self) -> List[str]: ...

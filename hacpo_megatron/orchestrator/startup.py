@@ -14,15 +14,16 @@ from typing import Any, Dict, Optional, Sequence, Tuple
 import ray
 import torch.distributed as dist
 
+from hacpo_megatron.config.schema import Config
 from hacpo_megatron.orchestrator import placement
 from hacpo_megatron.orchestrator.actors import ACTOR_OPTIONS, EngineActor, RewardActor, engine_actor_name
 from hacpo_megatron.orchestrator.weight_senders import make_sender
-from hacpo_megatron.parallel.groups import local_gpu
+from hacpo_megatron.parallel.groups import AgentParallel, local_gpu
 from hacpo_megatron.rollout import engine_options
 from hacpo_megatron.rollout.weight_sync import engine_rank
 
 
-def start_actors(cfg: Any, agent_parallel: Sequence[Any], hf_configs: Sequence[Dict[str, Any]],
+def start_actors(cfg: Config, agent_parallel: Sequence[AgentParallel], hf_configs: Sequence[Dict[str, Any]],
                  tokenizer_names: Sequence[str], rank: int,
                  output_dir: str) -> Tuple[Dict[int, Any], Dict[int, Any], Optional[Any]]:
     """(engine actor handles: all on rank 0, its own on an engine rank; weight senders of this rank's

@@ -47,8 +47,6 @@ def restore_engines(agents: RunAgents, check: bool, restarted: Optional[Sequence
     """Weights again to engines Ray restarted (they hold none): `restarted` (the same on every rank), or where
     None every engine that says it holds no weights, restarted unseen since its last push (Ray's memory monitor
     ends engines between calls when the node runs short). Collective: rank 0 asks the engine actors."""
-    if not agents.engines_running:
-        return
     if restarted is None:
         restarted = _engines_without_weights(agents)
     if not restarted:
@@ -60,10 +58,7 @@ def restore_engines(agents: RunAgents, check: bool, restarted: Optional[Sequence
 
 
 def _push(agents: RunAgents, k: int, check: bool) -> Dict[str, float]:
-    """Agent k's weights to its engine (every rank of k calls it); `check`: verify them after. Nothing to
-    do where no engine runs (run.mode train_only)."""
-    if not agents.engines_running:
-        return {}
+    """Agent k's weights to its engine (every rank of k calls it); `check`: verify them after."""
     metrics = sync_weights(agents.policy(k), agents.hf_configs[k], agents.parallel[k],
                            agents.senders.get(k), check=check)
     if metrics.check is not None and not metrics.check.equal:
@@ -75,8 +70,6 @@ def _resend_to_lost_engines(agents: RunAgents, check: bool, pushed: Dict[int, Di
     """Push again to every engine that died during its push in `pushed` ({agent: its metrics}, this
     rank's agents), until each has its weights. Collective. `pushed[k]` ends with the delivering
     push's figures and the count of the engine's losses on the way."""
-    if not agents.engines_running:
-        return
     lost_here = {k for k, m in pushed.items() if m[LOSSES]}
     for attempt in range(ENGINE_RETRIES + 1):
         lost = _union_over_ranks(lost_here)

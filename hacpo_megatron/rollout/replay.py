@@ -1,10 +1,11 @@
 """Saved rollouts, for the debug modes: each step's prompts, answers, engine log-probs and rewards, per agent.
 
     --save-rollouts DIR   (run.mode train or rollout_only) rank 0 writes, after each step's rewards,
-                          DIR/step_000001/<agent>.json for every agent and then DIR/step_000001/step.json
+                          DIR/step_00000001/<agent>.json for every agent and then DIR/step_00000001/step.json
     --load-rollouts DIR   (run.mode train_only) every rank reads a step's files instead of generating and scoring
 
-Files are keyed by step and agent name, so the n agents of a run never overwrite each other. step.json is written
+A step's folder is named as a run's checkpoint of that step is (checkpoint/run_folder.py `step_folder`). Files are
+keyed by step and agent name, so the n agents of a run never overwrite each other. step.json is written
 last and each file is written whole before it is renamed into place: a step folder without step.json (a run
 killed while saving) is incomplete and never read. JSON keeps every float exactly (Python writes the shortest
 repr that reads back to the same double), so a replayed step trains on bit-identical inputs.
@@ -17,6 +18,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Dict, List, Sequence, Tuple
 
+from hacpo_megatron.checkpoint.run_folder import step_folder
 from hacpo_megatron.rollout.base import Completion
 
 STEP_FILE = "step.json"
@@ -24,10 +26,6 @@ STEP_FILE = "step.json"
 
 class ReplayError(ValueError):
     """Saved rollouts that this run cannot use (missing, incomplete, or from other data or settings)."""
-
-
-def step_folder(root: os.PathLike, step: int) -> Path:
-    return Path(root) / f"step_{step:06d}"
 
 
 def save_step(root: os.PathLike, step: int, agent_names: Sequence[str], prompts: Sequence[Any],

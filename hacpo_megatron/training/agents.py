@@ -28,7 +28,6 @@ class Agents:
     engines: Dict[int, Any] = field(default_factory=dict)  # EngineActor handles (rank 0 and engine ranks)
     senders: Dict[int, Any] = field(default_factory=dict)  # weight transport to k's engine (k's engine rank)
     engine_logprobs_checked: bool = False  # rollout.old_logprobs=engine: the trainer's pass has vouched for them
-    engines_running: bool = True  # False in run.mode train_only: no engine, no weight push (weight_delivery.py)
 
     @property
     def names(self) -> List[str]:
@@ -56,7 +55,7 @@ def build_agents(cfg: Config, spec: AlgorithmSpec, model_provider: ModelProvider
             if cfg.run.mode == "rollout_only":
                 agents.models[k] = model  # its engine's weights; no learner (no optimizer, no update)
                 continue
-            agents.trainers[k] = AgentTrainer(model, spec, cfg, lr=agent_cfg.lr)
+            agents.trainers[k] = AgentTrainer(model, spec, cfg, lr=agent_cfg.lr, moe=agent_cfg.moe)
             if cfg.algorithm.kl_coef > 0:
                 agents.references[k] = model_provider(agent_cfg, parallel, agents.hf_configs[k], cfg.run.seed + k)
     return agents

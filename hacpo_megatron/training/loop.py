@@ -14,8 +14,10 @@
 
 Agents sharing ranks run their phases one after another (time-sharing); agents on disjoint ranks
 run theirs at the same time. Rank 0 is the driver of everything that is not per agent.
-Debug modes (run.mode): rollout_only skips 5-7; train_only starts no engine and reads 2-3 from the folder
-an earlier run wrote with --save-rollouts (rollout/replay.py).
+Debug modes (run.mode) are parts chosen once when the run is built, so the steps below never ask which: the
+learner side (training/learner_side.py: none in rollout_only, which skips 5-7) and the engine side
+(orchestrator/engine_side.py: none in train_only, which reads 2-3 from the folder an earlier run wrote with
+--save-rollouts, rollout/replay.py).
 """
 from __future__ import annotations
 
@@ -23,39 +25,31 @@ import os
 import random
 import time
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Union
+from typing import Any, Dict, List, Optional, Union
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
-from hacpo_megatron.algorithms import AlgorithmSpec, CapabilityTracker, StepAdvantages, step_advantages
+from hacpo_megatron.algorithms import AlgorithmSpec, CapabilityTracker, step_advantages
 from hacpo_megatron.algorithms.registry import algorithm_spec
 from hacpo_megatron.config import Config, config_to_dict, dump_config
 from hacpo_megatron.data import PromptSampler
-from hacpo_megatron.orchestrator.faults import NO_FAULTS, FaultPlan
+from hacpo_megatron.orchestrator.engine_side import engine_side
 from hacpo_megatron.orchestrator.lifecycle import RunLifecycle
 from hacpo_megatron.orchestrator.preemption import Preempted
-from hacpo_megatron.orchestrator.ray_runtime import object_store_stats
-from hacpo_megatron.orchestrator.rollout_pipeline import (
-    ReplayedRollouts, RolloutPipeline, StepRollouts, held_out_scores,
-)
-from hacpo_megatron.orchestrator.weight_delivery import deliver_weights
+from hacpo_megatron.orchestrator.rollout_pipeline import ReplayedRollouts, RolloutPipeline, held_out_scores
 from hacpo_megatron.parallel.groups import AgentParallel, init_distributed
 from hacpo_megatron.parallel.layout import required_world_size
-from hacpo_megatron.reporting.step_records import mean_over_updates, step_records
+from hacpo_megatron.reporting.step_records import step_records
 from hacpo_megatron.rollout.replay import save_step
 from hacpo_megatron.rollout.weight_sync import engine_rank
 from hacpo_megatron.training import run_checkpoints
 from hacpo_megatron.training.agents import Agents, build_agents
-from hacpo_megatron.training.batch import UpdateSchedule, mini_batches
-from hacpo_megatron.training.logprob_passes import agent_logprobs, behaviour_logprobs
+from hacpo_megatron.training.learner_side import learner_side
 from hacpo_megatron.training.preflight import check_device, check_inputs
 from hacpo_megatron.training.provider import ModelProvider
-from hacpo_megatron.training.step_data import (
-    engine_old_logprobs, learner_rows, load_prompt_sets, own_sequences, rewards_tensor, rollout_stats,
-    with_learner_old_logprobs,
-)
+from hacpo_megatron.training.step_data import load_prompt_sets, rewards_tensor, rollout_stats
 from hacpo_megatron.training.trainer import time_gemm_peaks_in_turn
 
 
@@ -67,20 +61,22 @@ class RunOptions:
     weight_check: bool = False  # verify engine weights after every sync
     save_rollouts: Optional[str] = None  # write every step's answers and rewards here (rollout/replay.py)
     load_rollouts: Optional[str] = None  # run.mode train_only: read them from here instead of any engine
-    faults: FaultPlan = NO_FAULTS  # a test's: engines killed at chosen moments (orchestrator/faults.py)
 
 
 @dataclass
 class Run:
-    """What every step of a run reads: the config, the algorithm, this rank's agents, the source of each step's
-    answers (the engines' RolloutPipeline, or ReplayedRollouts in run.mode train_only), the capability tracker,
-    the run's options and G', each agent's answers per prompt (G x the algorithm's samples multiplier: 2G for
-    GSPO x2); G itself, `rollout.samples_per_prompt`, is what a mini-batch counts in."""
+    """What every step of a run reads: the config, the algorithm, this rank's agents, the engine side (engines, or
+    in run.mode train_only none), the source of each step's answers (the engines' RolloutPipeline, or
+    ReplayedRollouts), the learner side (none in run.mode rollout_only), the capability tracker, the run's options
+    and G', each agent's answers per prompt (G x the algorithm's samples multiplier: 2G for GSPO x2); G itself,
+    `rollout.samples_per_prompt`, is what a mini-batch counts in."""
 
     cfg: Config
     spec: AlgorithmSpec
     agents: Agents
+    engines: Any  # orchestrator/engine_side.py: RayEngines, or SavedAnswers (train_only)
     answers: Union[RolloutPipeline, ReplayedRollouts]  # each step's answers: from the engines, or as saved
+    learners: Any  # training/learner_side.py: Learners, or NoLearners (rollout_only)
     tracker: CapabilityTracker
     options: RunOptions
     answers_per_prompt: int  # G'
@@ -109,35 +105,26 @@ def run_hacpo(cfg: Config, options: RunOptions, model_provider: ModelProvider) -
 
     agents = build_agents(cfg, spec, model_provider)
     run_checkpoints.save_tokenizers(options.output_dir, agents)
-    if rank == 0 and cfg.run.mode == "rollout_only":
-        print("run.mode rollout_only: no learner; the engines answer with the initial weights throughout", flush=True)
+    engines = engine_side(cfg, options.weight_check, options.load_rollouts)  # none in train_only
+    learners = learner_side(cfg, rank)  # none in rollout_only
     with RunLifecycle(options.ray_address) as lifecycle:  # Ray, the reporter, the signal handlers: ended at exit
-        reward_actor = None
-        agents.engines_running = cfg.run.mode != "train_only"  # train_only: answers and rewards from --load-rollouts
-        if agents.engines_running:
-            reward_actor = lifecycle.start_actors(cfg, agents, [a.tokenizer_source for a in cfg.agents], rank,
-                                                  options.output_dir)
+        reward_actor = engines.start(lifecycle, cfg, agents, rank, options.output_dir)
         train_set, eval_set = load_prompt_sets(cfg, agents.tokenizers, options.output_dir)
-        if not agents.engines_running and eval_set:
-            eval_set = []  # no engine to answer the held-out problems
-            if rank == 0:
-                print("run.mode train_only: no held-out evaluation (no engine to answer)", flush=True)
+        eval_set = engines.held_out(eval_set, rank)  # none without engines to answer
         sampler = PromptSampler(train_set, B, seed=cfg.run.seed, shuffle=cfg.data.shuffle)
         tracker = CapabilityTracker(n, cfg.algorithm.capability_window, reward_range=_reward_range(cfg))
 
         start_step = 0
         if resume_from:
             start_step = run_checkpoints.load_checkpoint(resume_from, options.output_dir, agents, tracker, sampler)
-        deliver_weights(agents, agents.hosted, options.weight_check)  # the trainers' weights, start or checkpoint's
+        engines.deliver(agents, agents.hosted)  # the trainers' weights, at the start or the checkpoint's
         time_gemm_peaks_in_turn(list(agents.trainers.values()))  # perf/mfu's denominator, engines loaded and idle
 
-        answers = (RolloutPipeline(cfg, agents, sampler, reward_actor, answers_per_prompt, options, start_step)
-                   if agents.engines_running  # run.mode train_only: the answers an earlier run saved
-                   else ReplayedRollouts(options.load_rollouts, agents, sampler, answers_per_prompt))
-        run = Run(cfg, spec, agents, answers, tracker, options, answers_per_prompt)
+        answers = engines.answers(cfg, agents, sampler, reward_actor, answers_per_prompt, start_step)
+        run = Run(cfg, spec, agents, engines, answers, learners, tracker, options, answers_per_prompt)
         reporter = lifecycle.reporting(_reporter(cfg, agents, options, start_step)) if rank == 0 else None
         if start_step == 0 and cfg.data.eval_every and eval_set:
-            scores = held_out_scores(cfg, agents, eval_set, reward_actor, options, done=0)  # collective
+            scores = held_out_scores(cfg, agents, eval_set, reward_actor, options.weight_check, done=0)  # collective
             if rank == 0:
                 reporter.log_held_out(0, scores)
         preemption = lifecycle.watch_signals()
@@ -147,11 +134,11 @@ def run_hacpo(cfg: Config, options: RunOptions, model_provider: ModelProvider) -
                 reporter.log_step(step + 1, records)
             done = step + 1
             if cfg.data.eval_every and eval_set and (done % cfg.data.eval_every == 0 or done == cfg.run.total_steps):
-                scores = held_out_scores(cfg, agents, eval_set, reward_actor, options, done)  # collective
+                scores = held_out_scores(cfg, agents, eval_set, reward_actor, options.weight_check, done)  # collective
                 if rank == 0:
                     reporter.log_held_out(done, scores)
             stop = preemption.stop_requested()  # collective: a signal to any rank ends the run here
-            keeps = cfg.run.mode != "rollout_only"  # rollout_only learns nothing: no checkpoint to keep
+            keeps = learners.trains  # nothing learnt, nothing to keep
             if keeps and (stop or _checkpoint_due(cfg, done)):
                 run_checkpoints.save(options.output_dir, done, agents, tracker, answers.sampler_state(),
                                      keep_last=cfg.checkpoint.keep_last)
@@ -166,7 +153,6 @@ def _hacpo_step(run: Run, step: int) -> List[Dict[str, float]]:
     rank, n = dist.get_rank(), len(agents.configs)
     times: Dict[str, float] = {}
     t_step = time.perf_counter()
-    options.faults.before_step(step, agents)
 
     # 1-3. prompts, rollouts and rewards (run.mode train_only: as saved by an earlier run)
     work = run.answers.step_rollouts(step, times)  # from the engines, or as an earlier run saved them (train_only)
@@ -174,7 +160,6 @@ def _hacpo_step(run: Run, step: int) -> List[Dict[str, float]]:
     B = len(prompts)
     if options.save_rollouts and rank == 0:
         save_step(options.save_rollouts, step + 1, agents.names, prompts, rollouts, scores, reward_stats)
-    options.faults.after_rollouts(rollouts)
     rewards = rewards_tensor(scores, n, B, run.answers_per_prompt)
 
     # 4. capabilities and advantages
@@ -182,10 +167,8 @@ def _hacpo_step(run: Run, step: int) -> List[Dict[str, float]]:
     advantages = step_advantages(rewards, capabilities, run.spec, omega_clamp=_omega_clamp(cfg),
                                  eps=cfg.algorithm.advantage_eps, reward_range=_reward_range(cfg))
 
-    # 5-7. old log-probs, then each hosted learner: bridge, train; push weights (run.mode rollout_only: none)
-    gaps, local = {}, {}
-    if cfg.run.mode != "rollout_only":
-        gaps, local = _train_learners(run, work, advantages, times)
+    # 5-7. old log-probs, then each hosted learner: bridge, train; push weights (training/learner_side.py)
+    gaps, local = run.learners.step(run, work, advantages, times)
 
     # 8. metrics: each agent's output rank reports; rank 0 assembles one record per agent
     reported = [None] * dist.get_world_size()
@@ -196,50 +179,11 @@ def _hacpo_step(run: Run, step: int) -> List[Dict[str, float]]:
     for part in reported:
         for k, m in part.items():
             per_agent[k].update(m)
-    store = object_store_stats() if agents.engines_running else {}  # at the step's end: back to its baseline?
+    store = run.engines.store_stats()  # at the step's end: back to its baseline?
     return step_records(step + 1, agents.names, rewards, capabilities, advantages.omega, reward_stats,
                         before_capability=[{**gaps.get(k, {}), **work.metrics.get(k, {})} for k in range(n)],
                         after_capability=[{**per_agent[k], **rollout_stats(rollouts[k])} for k in range(n)],
-                        shared={**store, **times}, started=t_step, untrained=cfg.run.mode == "rollout_only")
-
-
-def _train_learners(run: Run, work: StepRollouts, advantages: StepAdvantages, times: Dict[str, float]):
-    """Steps 5-7: ({k: engine/trainer log-prob gap}, {k: this rank's figures of hosted learner k's update})."""
-    cfg, spec, agents, options = run.cfg, run.spec, run.agents, run.options
-    prompts, prompt_ids, rollouts, B = work.prompts, work.prompt_ids, work.rollouts, len(work.prompts)
-    # 5. old log-probs of own responses, shared with every rank: the trainer's pass, or the engine's own
-    #    (rollout.old_logprobs: engine) once that pass has found them close enough on the run's first step
-    t = time.perf_counter()
-    old, gaps = behaviour_logprobs(cfg, spec, agents, prompt_ids, rollouts)
-    # answers from older weights (rollout.max_staleness >= 1): the engines' log-probs are the behaviour policy
-    behaviour = [engine_old_logprobs(r) for r in rollouts] if cfg.rollout.max_staleness else None
-    reference = {k: agent_logprobs(agents.trainers[k], agents.references[k], own_sequences(prompt_ids[k], rollouts[k]))
-                 for k in agents.references}
-    times["time/logprob"] = time.perf_counter() - t
-
-    # 6. each hosted learner: bridge, train
-    local: Dict[int, Dict[str, float]] = {}
-    for k, trainer in agents.trainers.items():
-        t = time.perf_counter()
-        rows, bridge_stats = learner_rows(k, prompts=prompts, rollouts=rollouts, old=old,
-                                          effective=advantages.effective, trains_on=advantages.trains_on,
-                                          tokenizers=agents.tokenizers, prompt_ids=prompt_ids,
-                                          ref_token_logp=reference.get(k), behaviour=behaviour)
-        if spec.cross_old_logprob == "learner":  # Naive: other agents' rows are rated like own ones
-            cross = [(r.prompt_ids, r.response_ids) for r in rows if r.is_cross]
-            rows = with_learner_old_logprobs(rows, agent_logprobs(trainer, None, cross))
-        t_bridge = time.perf_counter() - t
-        t = time.perf_counter()
-        schedule = UpdateSchedule(B, run.answers_per_prompt,
-                                  sources=tuple(int(j) for j in advantages.trains_on[k].nonzero()),
-                                  rows_per_update=cfg.train.mini_batch_size * cfg.rollout.samples_per_prompt)
-        updates = trainer.train_step(mini_batches(rows, schedule))
-        local[k] = {**mean_over_updates(updates), **bridge_stats,
-                    "time/bridge": t_bridge, "time/train": time.perf_counter() - t}
-    # 7. the new weights to the engines (again where an engine died on the way)
-    for k, sync in deliver_weights(agents, local, options.weight_check).items():
-        local[k].update(sync)
-    return gaps, local
+                        shared={**store, **times}, started=t_step, untrained=not run.learners.trains)
 
 
 def _reportable(metrics: Dict[str, float], parallel: AgentParallel) -> Dict[str, float]:

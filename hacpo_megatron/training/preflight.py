@@ -77,7 +77,7 @@ def _file_problems(cfg: Config, output_dir: str, resume: bool) -> List[str]:
                      lambda kind=agent.engine: _check_engine_installed(kind))
     problems += [f"logging.trackers: {problem}" for problem in tracker_install_problems(cfg.logging.trackers)]
     if resume:
-        from hacpo_megatron.checkpoint.megatron_io import resume_candidates
+        from hacpo_megatron.checkpoint.run_folder import resume_candidates
 
         root = os.path.join(output_dir, "checkpoints")
         if not (os.path.isdir(root) and resume_candidates(root)):
@@ -121,7 +121,7 @@ def _check_weights(folder: str) -> None:
     if not os.path.isdir(folder):
         raise FileNotFoundError(f"{folder}: no such folder")
     from hacpo_megatron.checkpoint.hf_io import check_hf_weights_complete, read_hf_config
-    from hacpo_megatron.checkpoint.megatron_io import is_agent_checkpoint
+    from hacpo_megatron.checkpoint.format import is_agent_checkpoint
     from hacpo_megatron.models.architectures import read_architecture
 
     if is_agent_checkpoint(folder):

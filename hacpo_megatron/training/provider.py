@@ -1,9 +1,10 @@
 """The main job's model provider: how an agent's Megatron model is built on a rank and given its first weights.
 
 This is the part of a run a user swaps (as Megatron's pretrain_gpt.py swaps its `model_provider`);
-examples/hacpo_pretrain_style.py hands it to the loop. The first weights are, in this order: a pretrained
-Hugging Face folder or agent checkpoint (`init_from`), else a supervised warm-up of a random model on the task
-(`train.sft_warmup_*`, cached on disk), else none (random weights).
+hacpo_megatron/entry.py hands it to the loop (a script of yours may hand another one:
+examples/hacpo_pretrain_style.py). The first weights are, in this order: a pretrained Hugging Face folder or
+agent checkpoint (`init_from`), else a supervised warm-up of a random model on the task (`train.sft_warmup_*`,
+cached on disk), else none (random weights).
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Run checkpoints: every agent's model and optimizer (Megatron distributed checkpoints, any layout)
 plus the run state — step, LR schedules, capability tracker, data position, RNG — in one atomic step
-folder under `<output_dir>/checkpoints/` (layout and crash safety: checkpoint/megatron_io.py).
+folder under `<output_dir>/checkpoints/` (layout: checkpoint/run_folder.py; crash safety: checkpoint/megatron_io.py).
 """
 from __future__ import annotations
 
@@ -13,9 +13,8 @@ import torch
 import torch.distributed as dist
 
 from hacpo_megatron.checkpoint.integrity import choose_resume_checkpoint, describe
-from hacpo_megatron.checkpoint.megatron_io import (
-    AgentState, load_agents_checkpoint, resume_candidates, save_agents_checkpoint, step_dir_name,
-)
+from hacpo_megatron.checkpoint.megatron_io import AgentState, load_agents_checkpoint, save_agents_checkpoint
+from hacpo_megatron.checkpoint.run_folder import resume_candidates, step_dir_name
 
 
 def checkpoint_root(output_dir: str) -> str:

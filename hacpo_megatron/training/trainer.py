@@ -18,6 +18,12 @@ Rows whose advantage is 0 (a group all right or all wrong) carry no gradient: an
 of its forward and backward passes (batch.rows_with_gradient) but keeps them in the global row count,
 so the update is the same. Its ratio and clip statistics are over the rows it computed;
 `num_skipped_zero_advantage` counts the others.
+
+A mixture-of-experts agent (agents[k].moe, docs/moe.md): its routers' load-balancing loss is the model's own
+(models/moe_router.py), each micro-batch's weighted by its share of the update's router tokens (every replica's,
+padding excluded), times `moe.aux_loss_coeff`; it covers the rows the update computes (zero-advantage rows are not).
+`moe.freeze_router` keeps the routers' weights out of DDP and the optimizer. The router's figures (ROUTER_METRICS)
+join the update's metrics, reduced over replicas like the others.
 """
 from __future__ import annotations
 
@@ -35,10 +41,11 @@ from hacpo_megatron.algorithms import (
     low_var_kl_penalty,
 )
 from hacpo_megatron.algorithms.losses import LOG_RATIO_EDGES
-from hacpo_megatron.config import Config
+from hacpo_megatron.config import Config, MoEConfig
 from hacpo_megatron.environment import return_freed_memory
 from hacpo_megatron import megatron_cpu
 from hacpo_megatron.models.build import AgentModel
+from hacpo_megatron.models.moe_router import ROUTER_METRICS, RouterLoad, freeze_routers, router_metrics
 from hacpo_megatron.models.logprobs import (
     PackedBatch,
     SequenceLogProbs,
@@ -95,10 +102,11 @@ def use_fused_torch_adam(optimizer) -> int:
 class AgentTrainer:
     """Optimisation state and updates of one agent, on every rank of that agent."""
 
-    def __init__(self, agent: AgentModel, spec: AlgorithmSpec, cfg: Config, *, lr: Optional[float] = None):
+    def __init__(self, agent: AgentModel, spec: AlgorithmSpec, cfg: Config, *, lr: Optional[float] = None,
+                 moe: Optional[MoEConfig] = None):
         """Reads the run's config once: `train:` (optimizer, LR schedule, micro-batches), `algorithm:` (the loss,
         the KL penalty, the fitted bound), `rollout.temperature` and `run.total_steps`. `lr`: the agent's own
-        (agents[k].lr), else train.lr."""
+        (agents[k].lr), else train.lr. `moe`: the agent's router settings (agents[k].moe; None: the defaults)."""
         megatron_cpu.apply()
         from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
@@ -112,6 +120,7 @@ class AgentTrainer:
         config = agent.config
         config.calculate_per_token_loss = True  # see the module docstring: keep losses, sum gradients
         config.finalize_model_grads_func = partial(_finalize_grads, pg_collection=agent.parallel.pg_collection)
+        self.router_load = self._set_up_routers(agent, moe or MoEConfig())  # before DDP: a frozen router stays out
         on_gpu = torch.cuda.is_available()
         ddp_config = DistributedDataParallelConfig(
             grad_reduce_in_fp32=True, overlap_grad_reduce=False, use_distributed_optimizer=on_gpu,
@@ -154,6 +163,23 @@ class AgentTrainer:
             raise ValueError("train.max_tokens_per_micro_batch packs sequences into shared rows, which Transformer "
                              "Engine's layers here do not take; leave it null with them")
 
+    @staticmethod
+    def _set_up_routers(agent: AgentModel, moe: MoEConfig) -> Optional[RouterLoad]:
+        """The model's RouterLoad (None for a dense model), its routers frozen where `moe.freeze_router` says."""
+        if agent.arch.moe is None:
+            if moe != MoEConfig():
+                raise ValueError(f"{agent.parallel.name}: agents[].moe applies to a mixture-of-experts model's "
+                                 "routers; this model has none")
+            return None
+        if agent.config.moe_aux_loss_coeff:  # the model's own RouterLoad computes that loss (models/moe_router.py)
+            raise ValueError("megatron's own load-balancing loss must be off (moe_aux_loss_coeff 0): the trainer adds "
+                             "it per model, weighted by agents[].moe.aux_loss_coeff")
+        if moe.freeze_router:
+            if moe.aux_loss_coeff > 0:
+                raise ValueError("moe.freeze_router keeps the routers fixed, which moe.aux_loss_coeff > 0 would train")
+            freeze_routers(agent.model)
+        return RouterLoad(agent.model, aux_loss_coeff=moe.aux_loss_coeff)
+
     @property
     def gemm_peak(self) -> float:
         """The agent's GEMM peak, FLOP/s (every rank alike): what "perf/mfu" is a fraction of. Timed on first
@@ -194,7 +220,8 @@ class AgentTrainer:
 
     def _update(self, mini_batch: List[SequenceRow], update_index: int) -> Dict[str, float]:
         if not mini_batch:  # every row of this block was a dropped bridged answer: nothing to learn from
-            return dict(_NO_UPDATE, update_index=float(update_index), lr=float(self.optimizer.param_groups[0]["lr"]))
+            return dict(_NO_UPDATE, **({k: math.nan for k in ROUTER_METRICS} if self.router_load else {}),
+                        update_index=float(update_index), lr=float(self.optimizer.param_groups[0]["lr"]))
         global_seqs = len(mini_batch)
         global_own_seqs = sum(not r.is_cross for r in mini_batch)
         global_tokens = sum(len(r.response_ids) for r in mini_batch)
@@ -210,6 +237,8 @@ class AgentTrainer:
         self.ddp_model.train()
         self.ddp_model.zero_grad_buffer()
         self.optimizer.zero_grad()
+        if self.router_load is not None and computed:
+            self.router_load.begin_update(self._router_tokens(computed, packed))
         # A replica whose share is empty still joins the gradient all-reduce with zero gradients.
         results = run_schedule(self.agent, packed, make_forward_step(self.agent, temperature=self.temperature,
                                                                      loss_fn=loss_fn), forward_only=False) \
@@ -247,6 +276,16 @@ class AgentTrainer:
         packed = [pack_sequences([(r.prompt_ids, r.response_ids) for r in chunk], range(len(chunk)),
                                  share_prompts=self.share_prompts, row_tokens=budget) for chunk in chunks]
         return chunks, packed
+
+    def _router_tokens(self, computed: List[SequenceRow], packed: Sequence[PackedBatch]) -> int:
+        """The tokens the routers see in this update on every data-parallel replica, padding excluded: the T each
+        micro-batch's load-balancing loss is weighted by its share of (models/moe_router.py). The other replicas'
+        micro-batches are packed here as they pack them (no collective)."""
+        dp_rank, dp_size = self.parallel.dp_rank, self.parallel.dp_size
+        return sum(_real_tokens(mb)
+                   for r in range(dp_size)
+                   for mb in (packed if r == dp_rank
+                              else self._micro_batches(data_parallel_shard(computed, r, dp_size))[1]))
 
     def _finalize_without_data(self) -> list:
         self.agent.config.finalize_model_grads_func([self.ddp_model], None)
@@ -290,22 +329,29 @@ class AgentTrainer:
         """Sum the micro-batch metrics over micro-batches and data-parallel replicas; same on every rank."""
         keys = ("loss", "kl", "model_flops") + ROW_COUNTS + tuple(POLICY_METRICS)
         bins = len(LOG_RATIO_EDGES) if self._fits_cross_clip else 0
-        totals = torch.zeros(len(keys) + bins, dtype=torch.float64)  # the scalars, then the ratio histogram
+        load = self.router_load
+        # the scalars, the ratio histogram, the router's sums (MoE; zeros where this replica routed nothing)
+        router = (load.end_update() if load is not None else torch.zeros(0, dtype=torch.float64))
+        totals = torch.zeros(len(keys) + bins, dtype=torch.float64)
         for result in results:
             for i, key in enumerate(keys):
                 if key in result:
                     totals[i] += float(result[key])
             if bins and RATIO_HISTOGRAM in result:
                 totals[len(keys):] += result[RATIO_HISTOGRAM]
-        buffer = totals.to(collective_device())
+        buffer = torch.cat([totals, router]).to(collective_device())
         if self.parallel.is_last_stage and self.parallel.dp_size > 1:
             dist.all_reduce(buffer, group=self.parallel.dp_group)
-        if self.parallel.pp_size > 1:  # only the last stage computed a loss; every rank reports it
+        # only the last stage computed a loss; every rank reports it (an MoE model's routers on other stages would
+        # need their own sums added over the pipeline: MoE agents run at PP 1 so far, presets.layout_problems)
+        if self.parallel.pp_size > 1:
             dist.broadcast(buffer, group=self.parallel.pp_group, group_src=self.parallel.pp_size - 1)
-        totals = buffer.cpu()
+        totals, router = buffer.cpu().split([len(keys) + bins, len(router)])
         histogram = totals[len(keys):] if bins else None
         t = dict(zip(keys, totals[:len(keys)].tolist()))
         out = {"loss": t["loss"], "num_own": t["num_own"], "num_cross": t["num_cross"], "model_flops": t["model_flops"]}
+        if load is not None:
+            out.update(router_metrics(router, load.num_layers, load.num_experts))
         for key, count in POLICY_METRICS.items():  # row-weighted sums back to means over their rows
             out[key] = t[key] / t[count] if t[count] else math.nan
         if self.algorithm.kl_coef > 0:
@@ -319,11 +365,16 @@ class AgentTrainer:
         return self.policy_loss.fits_cross_clip(self.loss_params, self.algorithm.cross_clip_fit_quantile)
 
 
+def _real_tokens(micro_batch: PackedBatch) -> int:
+    """Tokens of a micro-batch's sequences (prompts and responses; a shared prompt once), padding excluded."""
+    return int((micro_batch.token_layout.document >= 0).sum())
+
+
 def _packing_metrics(packed: Sequence[PackedBatch]) -> Dict[str, float]:
     """Tokens of this replica's largest micro-batch (rows x width, what one forward holds) and the share of
     padding in all of them: the cost of micro-batching by rows, which a token budget removes."""
     computed = [mb.tokens.numel() for mb in packed]
-    real = sum(int((mb.token_layout.document >= 0).sum()) for mb in packed)
+    real = sum(_real_tokens(mb) for mb in packed)
     return {"micro_batch_tokens_max": float(max(computed, default=0)),
             "padding_frac": 1.0 - real / sum(computed) if computed else 0.0}
 

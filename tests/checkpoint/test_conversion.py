@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from hacpo_megatron.checkpoint.hf_io import HFFolderError, HFWeights, WEIGHTS_INDEX_FILE
-from hacpo_megatron.checkpoint.megatron_io import CheckpointError, read_checkpoint_metadata
+from hacpo_megatron.checkpoint.format import CheckpointError, read_checkpoint_metadata
 from tests.checkpoint.hf_folders import ARCH_CONFIGS, LAYOUTS, make_hf_folder
 from tests.checkpoint.workers.checkpoint_worker import SMALL_DISK, load_tool
 from tests.conftest import require_root

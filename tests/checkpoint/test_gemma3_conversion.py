@@ -255,7 +255,7 @@ import sys, torch
 import transformers
 from hacpo_megatron.checkpoint.hf_io import HFWeights, read_hf_config
 from hacpo_megatron.checkpoint.hf_mapping import load_hf_state_dict_into_model
-from hacpo_megatron.checkpoint.megatron_io import ensure_distributed, single_agent_parallel
+from hacpo_megatron.checkpoint.local_world import ensure_distributed, single_agent_parallel
 from hacpo_megatron.models.build import build_agent_model
 sys.path.insert(0, "tools")
 from compare_hf_megatron import megatron_logits, token_batch

@@ -6,7 +6,7 @@ import pytest
 from hacpo_megatron.checkpoint.integrity import (
     MANIFEST_FILE, DamagedCheckpoint, choose_resume_checkpoint, describe, verify_manifest, write_manifest,
 )
-from hacpo_megatron.checkpoint.megatron_io import resume_candidates
+from hacpo_megatron.checkpoint.run_folder import resume_candidates
 
 
 def step_folder(root, step, payload=b"x" * 10_000):

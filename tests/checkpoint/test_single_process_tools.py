@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from hacpo_megatron.checkpoint.hf_io import HFWeights
-from hacpo_megatron.checkpoint.megatron_io import read_checkpoint_metadata
+from hacpo_megatron.checkpoint.format import read_checkpoint_metadata
 from tests.checkpoint.hf_folders import make_hf_folder
 from tests.models.torchrun import REPO
 

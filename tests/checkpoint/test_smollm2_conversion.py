@@ -15,7 +15,7 @@ import torch
 
 from hacpo_megatron.checkpoint.gguf import resolve_model_source
 from hacpo_megatron.checkpoint.hf_io import HFWeights
-from hacpo_megatron.checkpoint.megatron_io import read_checkpoint_metadata
+from hacpo_megatron.checkpoint.format import read_checkpoint_metadata
 from tests.checkpoint.test_gguf import NAME
 from tests.checkpoint.test_single_process_tools import logit_difference, run_tool, tool
 from tests.models.torchrun import run_torchrun

@@ -1,4 +1,4 @@
-"""The whole program, end to end on CPU: `torchrun examples/hacpo_pretrain_style.py` with Ray actors.
+"""The whole program, end to end on CPU: `torchrun -m hacpo_megatron.entry` with Ray actors.
 
 Small versions of the default run (few steps, small batches) so the suite stays in minutes; the
 full default run is `make run` (figures in docs/). Every run here is a real run: torchrun world,
@@ -16,7 +16,8 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 TORCHRUN = Path(sys.executable).with_name("torchrun")
-ENTRY = REPO / "examples" / "hacpo_pretrain_style.py"
+ENTRY = ["-m", "hacpo_megatron.entry"]  # the package's own program, as `python -m hacpo_megatron.launch` runs it
+FAULTS_ENTRY = REPO / "tools" / "faults.py"  # the same with faults planted (HACPO_FAULTS)
 IGNORED = ("time/", "perf/", "pipeline/", "timestamp", "weight_sync/seconds", "weight_sync/engine_seconds",
            "weight_sync/check_seconds", "weight_sync/bytes_per_second", "reward/seconds", "reward/answers_per_s",
            "ray/")
@@ -42,11 +43,14 @@ def small_config(tmp: Path, cache: Path, **changes) -> dict:
     return config
 
 
-def launch(config: dict, out: Path, *extra: str, nproc: int = 2) -> subprocess.Popen:
+def launch(config: dict, out: Path, *extra: str, nproc: int = 2, faults: str = "") -> subprocess.Popen:
+    """torchrun on the main job; `faults` (tools/faults.py's names, e.g. "kill_engine_at_step=1") runs it with
+    those faults planted."""
     path = out.with_suffix(".yaml")
     path.write_text(yaml.safe_dump(config))
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    command = [str(TORCHRUN), "--standalone", "--nproc_per_node", str(nproc), str(ENTRY), "--config", str(path),
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", HACPO_FAULTS=faults)
+    program = [str(FAULTS_ENTRY)] if faults else ENTRY
+    command = [str(TORCHRUN), "--standalone", "--nproc_per_node", str(nproc), *program, "--config", str(path),
                "--output-dir", str(out), *extra]
     return subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
@@ -68,8 +72,8 @@ def kill_tree(pid: int) -> None:
     psutil.wait_procs(family, timeout=30)
 
 
-def run(config: dict, out: Path, *extra: str, nproc: int = 2, timeout: float = 600) -> str:
-    proc = launch(config, out, *extra, nproc=nproc)
+def run(config: dict, out: Path, *extra: str, nproc: int = 2, timeout: float = 600, faults: str = "") -> str:
+    proc = launch(config, out, *extra, nproc=nproc, faults=faults)
     try:
         output, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -162,12 +166,12 @@ def test_rollout_only_generates_and_scores_with_no_update(reference_run, tmp_pat
     assert all(len(s) == problems and sum(s) / problems == pytest.approx(evals[key]) for key, s in scores.items())
     assert all(scores[(2, agent)] == scores[(0, agent)] for _, agent in scores)
     for name in ("qwen3-tiny.json", "llama-tiny.json", "step.json"):
-        ours = json.loads((saved / "step_000001" / name).read_text())
-        reference = json.loads((reference_run.parent / "rollouts" / "step_000001" / name).read_text())
+        ours = json.loads((saved / "step_00000001" / name).read_text())
+        reference = json.loads((reference_run.parent / "rollouts" / "step_00000001" / name).read_text())
         if name == "step.json":
             ours, reference = ours["agents"], reference["agents"]  # reward_stats hold the scoring's timings
         assert ours == reference, name
-    assert sorted(p.name for p in saved.iterdir()) == ["step_000001", "step_000002"]
+    assert sorted(p.name for p in saved.iterdir()) == ["step_00000001", "step_00000002"]
 
 
 def test_engine_log_probs_replace_the_old_log_prob_pass_after_the_first_step(reference_run, tmp_path, cache):

@@ -45,7 +45,7 @@ def load_harness():
 
 
 def job_args(out: Path, cache: Path, *extra: str) -> list:
-    return [str(ENTRY), "--config", str(CONFIG), "--output-dir", str(out), "--set", f"run.total_steps={STEPS}",
+    return [*ENTRY, "--config", str(CONFIG), "--output-dir", str(out), "--set", f"run.total_steps={STEPS}",
             "--set", f"train.sft_warmup_cache={cache}", "--set", "logging.plots=false", *extra]
 
 
@@ -124,7 +124,7 @@ def runs(module_tmp, cache):
     r.seen_pids = seen_pids
     r.cluster_seconds = time.monotonic() - t0
     one_host = [sys.executable, "-m", "hacpo_megatron.launch",  # the reference: no checkpoint needed
-                *job_args(r.one_host, cache, "--set", "checkpoint.save_every=-1")[1:]]
+                *job_args(r.one_host, cache, "--set", "checkpoint.save_every=-1")[len(ENTRY):]]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
     result = subprocess.run(one_host, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]

@@ -71,15 +71,15 @@ def test_sigterm_then_a_kill_then_resume_give_the_same_metrics(reference_run, tm
 
 
 def test_dead_engines_and_a_dead_reward_actor_are_restarted_and_their_work_redone(reference_run, tmp_path, cache):
-    """Four faults in one run (the flags count steps from 0): agent 0's engine process ends in the middle of
+    """Four faults in one run (tools/faults.py; steps count from 0): agent 0's engine process ends in the middle of
     the first step's weight push (restarted, the weights pushed again), it is killed again before the second
     step's rollout (restarted, given the weights, the rollout redone with the same seed), the reward actor
     dies inside its scoring call in the third (restarted, the same answers scored again), and the engine dies
     while answering the held-out problems after the third (its weights pushed again, the same answers again)."""
     out = tmp_path / "run"
     output = run(small_config(tmp_path, cache, checkpoint={"save_every": 1}), out,
-                 "--kill-engine-in-sync-at-step", "0", "--kill-engine-at-step", "1", "--kill-reward-at-step", "2",
-                 "--kill-engine-in-eval-at-step", "3")
+                 faults="kill_engine_in_sync_at_step=0,kill_engine_at_step=1,kill_reward_at_step=2,"
+                        "kill_engine_in_eval_at_step=3")
     assert "died during their weight push" in output and "finishing the weight stream without it" in output
     assert "evaluation after step 3: the engines of ['qwen3-tiny'] died while answering" in output
     assert "score on" in output and "waiting for its restart" in output  # the reward actor's failure really happened
@@ -102,8 +102,7 @@ def test_rollout_one_step_ahead_through_faults_and_a_sigterm_then_resumed(refere
     config = small_config(tmp_path, cache, rollout={"max_staleness": 1}, run={"total_steps": 3},
                           checkpoint={"save_every": 1}, data={"eval_every": 0})  # held-out: not the point here
     latest = out / "checkpoints" / "latest"
-    proc = launch(config, out, "--save-rollouts", str(saved), "--kill-engine-at-step", "1",
-                  "--kill-reward-at-step", "1")
+    proc = launch(config, out, "--save-rollouts", str(saved), faults="kill_engine_at_step=1,kill_reward_at_step=1")
     try:
         wait_for(latest.exists, proc, "step 1's checkpoint")
         proc.send_signal(signal.SIGTERM)
@@ -123,8 +122,8 @@ def test_rollout_one_step_ahead_through_faults_and_a_sigterm_then_resumed(refere
     assert [r["staleness/versions_behind"] for r in train] == [0, 0, 1, 0, 0, 0]
     for step in (1, 2, 3):
         for agent in ("qwen3-tiny", "llama-tiny"):
-            ours = json.loads((saved / f"step_{step:06d}" / f"{agent}.json").read_text())["prompt_uids"]
-            reference = json.loads((reference_run.parent / "rollouts" / f"step_{step:06d}" / f"{agent}.json")
+            ours = json.loads((saved / f"step_{step:08d}" / f"{agent}.json").read_text())["prompt_uids"]
+            reference = json.loads((reference_run.parent / "rollouts" / f"step_{step:08d}" / f"{agent}.json")
                                    .read_text())["prompt_uids"]
             assert ours == reference, (step, agent)
     for r in train:  # own rows carry pi_prox / pi_behaviour: ~1 when on-policy, finite and capped when not

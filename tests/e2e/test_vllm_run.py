@@ -32,7 +32,8 @@ def vllm_run(module_tmp, cache):
     calls, as Ray's memory monitor ends engines (Ray restarts it unseen; the loop must notice it holds no weights)."""
     out = module_tmp("vllm") / "run"
     shared_before = set(os.listdir("/dev/shm"))
-    output = run(vllm_config(out.parent, cache), out, "--check-weights", "--kill-engine-before-step", "1", timeout=900)
+    output = run(vllm_config(out.parent, cache), out, "--check-weights", faults="kill_engine_before_step=1",
+                 timeout=900)
     return out, output, sorted(set(os.listdir("/dev/shm")) - shared_before)
 
 

@@ -286,7 +286,7 @@ def test_tp2_with_one_kv_head_is_a_named_config_error(tmp_path):
 
 
 def test_tp2_with_one_kv_head_is_refused_by_the_tools_and_the_builder():
-    from hacpo_megatron.checkpoint.megatron_io import check_parallel_layout
+    from hacpo_megatron.checkpoint.format import check_parallel_layout
     from hacpo_megatron.models.build import check_layout
 
     arch = read_architecture(GEMMA3_270M)

@@ -5,7 +5,8 @@ import pytest
 
 from hacpo_megatron.data.records import PromptRecord, user_prompt
 from hacpo_megatron.rollout.base import Completion
-from hacpo_megatron.rollout.replay import ReplayError, load_step, missing_steps, save_step, step_folder
+from hacpo_megatron.checkpoint.run_folder import step_folder
+from hacpo_megatron.rollout.replay import ReplayError, load_step, missing_steps, save_step
 
 AGENTS = ["qwen3-tiny", "llama-tiny"]
 B, G = 2, 3
@@ -46,7 +47,7 @@ def test_a_saved_step_loads_back_exactly_per_agent(tmp_path):
 def test_a_step_without_step_json_is_incomplete_and_never_read(tmp_path):
     save_step(tmp_path, 1, AGENTS, prompts(), rollouts(), scores(), STATS)
     (step_folder(tmp_path, 1) / "step.json").unlink()  # a run killed between the agents' files and step.json
-    with pytest.raises(ReplayError, match="step_000001/step.json: no complete saved step 1"):
+    with pytest.raises(ReplayError, match="step_00000001/step.json: no complete saved step 1"):
         load_step(tmp_path, 1, AGENTS, prompts(), G)
 
 

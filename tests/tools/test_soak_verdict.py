@@ -120,6 +120,17 @@ def test_after_the_faults_the_same_processes_and_no_more_memory():
 
 
 def test_the_first_fault_is_the_earliest_sigterm_or_kill():
-    args = ["--kill-engine-at-step", "50", "--check-weights", "--kill-reward-at-step", "30"]
-    assert soak.first_fault(args, 80) == 30 and soak.first_fault(args, 20) == 20
-    assert soak.first_fault(["--check-weights"], None) is None
+    plan = soak.FaultPlan.parse("kill_engine_at_step=50,leak_mib_per_step=8,kill_reward_at_step=30")
+    assert soak.first_fault(plan, 80) == 30 and soak.first_fault(plan, 20) == 20
+    assert soak.first_fault(soak.FaultPlan.parse("leak_mib_per_step=8"), None) is None  # a leak is no fault
+    assert soak.first_fault(soak.FaultPlan(kill_engine_before_step=0), None) == 0
+
+
+def test_a_fault_plan_reads_back_as_written_and_refuses_unknown_names():
+    plan = soak.FaultPlan.parse(" kill_engine_in_sync_at_step=0, kill_engine_in_eval_at_step=3 ")
+    assert plan == soak.FaultPlan(kill_engine_in_sync_at_step=0, kill_engine_in_eval_at_step=3)
+    assert soak.FaultPlan.parse(plan.text()) == plan and soak.FaultPlan.parse("") == soak.FaultPlan()
+    for bad in ("kill_engine_at=1", "kill_engine_at_step=one", "kill_engine_at_step"):
+        with pytest.raises(ValueError, match="HACPO_FAULTS"):
+            soak.FaultPlan.parse(bad)
+    assert soak.main(["--config", "c.yaml", "--steps", "4", "--out", "x", "--fault", "kill_it=1"]) == 2

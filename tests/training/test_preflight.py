@@ -97,7 +97,7 @@ def test_debug_modes_and_their_rollout_folders_must_fit(tmp_path):
     (tmp_path / "file").write_text("")
     assert problems(save_rollouts=str(tmp_path / "file")) == [
         f"--save-rollouts {tmp_path / 'file'}: a file is in the way of the folder"]
-    (tmp_path / "saved" / "step_000001").mkdir(parents=True)
+    (tmp_path / "saved" / "step_00000001").mkdir(parents=True)
     (found,) = problems("run.mode=train_only", load_rollouts=str(tmp_path / "saved"))
-    assert found.startswith(f"--load-rollouts: {tmp_path / 'saved' / 'step_000001' / 'step.json'} is missing (and ")
+    assert found.startswith(f"--load-rollouts: {tmp_path / 'saved' / 'step_00000001' / 'step.json'} is missing (and ")
     assert "run.total_steps=" in found and "one file per agent (a, b)" in found

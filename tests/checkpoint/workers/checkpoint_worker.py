@@ -28,10 +28,12 @@ import torch.distributed as dist
 from hacpo_megatron.checkpoint import megatron_io
 from hacpo_megatron.checkpoint.hf_io import HFWeights, read_hf_config
 from hacpo_megatron.checkpoint.hf_mapping import load_hf_state_dict_into_model
+from hacpo_megatron.checkpoint.local_world import single_agent_parallel
 from hacpo_megatron.checkpoint.megatron_io import (
-    AgentState, build_agent_from_checkpoint, latest_checkpoint, load_agents_checkpoint, save_agents_checkpoint,
-    single_agent_parallel,
+    AgentState, build_agent_from_checkpoint, load_agents_checkpoint, save_agents_checkpoint,
 )
+from hacpo_megatron.checkpoint.run_folder import latest_checkpoint
+from hacpo_megatron.checkpoint.save_agreement import CheckpointSaveError
 from hacpo_megatron.config.schema import AgentConfig, ParallelConfig
 from hacpo_megatron.models.build import build_agent_model
 from hacpo_megatron.models.logprobs import compute_sequence_logprobs
@@ -248,7 +250,7 @@ def full_disk_checks(root: Path, items, report: dict) -> None:
     try:
         save_agents_checkpoint(root, 2, items)
         outcome = "saved"
-    except megatron_io.CheckpointSaveError as error:
+    except CheckpointSaveError as error:
         outcome = str(error)
     report["full_disk"] = {"outcome": outcome, "latest": latest_checkpoint(root).name,
                            "entries": sorted(p.name for p in root.iterdir())}
