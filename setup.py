@@ -12,7 +12,8 @@ setup(
     description="Heterogeneous Agent Collaborative Policy Optimization on Megatron-core",
     python_requires=">=3.11",
     packages=find_packages(include=["hacpo_megatron", "hacpo_megatron.*"]),
-    package_data={"hacpo_megatron": ["py.typed"]},
+    package_data={"hacpo_megatron": ["py.typed", "configs/*.yaml"]},  # the default config (launch.DEFAULT_CONFIG)
+    entry_points={"console_scripts": ["hacpo-megatron = hacpo_megatron.launch:main"]},
     install_requires=[
         "torch>=2.6",
         "megatron-core>=0.19.2,<0.20",

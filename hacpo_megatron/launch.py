@@ -1,11 +1,11 @@
 """Start the main job on this machine: check the config and every input, then hand over to torchrun.
 
-    python -m hacpo_megatron.launch [--config FILE] [--set KEY=VALUE ...] [--output-dir DIR] [--resume] [...]
+    hacpo-megatron [--config FILE] [--set KEY=VALUE ...] [--output-dir DIR] [--resume] [...]
 
-(`make run` runs this.) A mistake in the config or in what it names (data files, tokenizer or model
-folders, the checkpoint to resume) is printed as one line and exits with code 2 within seconds,
-before torchrun, process groups, models or Ray exist. Otherwise the process becomes torchrun
-(`os.execv`, so signals reach torchrun directly and from it every rank) with as many ranks as the
+(the installed console script; `python -m hacpo_megatron.launch` and `make run` run the same.) A mistake in the
+config or in what it names (data files, tokenizer or model folders, the checkpoint to resume) is printed as one line
+and exits with code 2 within seconds, before torchrun, process groups, models or Ray exist. Otherwise the process
+becomes torchrun (`os.execv`, so signals reach torchrun directly and from it every rank) with as many ranks as the
 config's agents need. On a cluster, call torchrun yourself (README); the ranks make the same checks.
 """
 from __future__ import annotations
@@ -16,8 +16,9 @@ import socket
 import sys
 from typing import List, Optional
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DEFAULT_CONFIG = os.path.join(REPO, "configs", "default.yaml")
+# configs/default.yaml, shipped inside the package (a link in the checkout, a copy in a wheel): an installed
+# `hacpo-megatron` with no --config runs it from any folder
+DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs", "default.yaml")
 ENTRY_MODULE = "hacpo_megatron.entry"  # the package's own torchrun program
 
 
@@ -32,7 +33,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                  with --save-rollouts DIR its answers, engine log-probs and rewards, per step and agent
   train_only     no engine and no Ray: train on the steps saved in --load-rollouts DIR, e.g. to replay a bad
                  step (saved by a run with the same data, seed and batch sizes: checked); no held-out evaluation""")
-    parser.add_argument("--config", default=DEFAULT_CONFIG, help="YAML config (default: configs/default.yaml)")
+    parser.add_argument("--config", default=DEFAULT_CONFIG,
+                        help="YAML config (default: configs/default.yaml, shipped in the package)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override any config key, e.g. --set algorithm.alpha=3")
     parser.add_argument("--output-dir", default=None, help="run folder (default: runs/<run.name>)")
