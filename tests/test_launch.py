@@ -11,36 +11,61 @@ import pytest
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-@pytest.mark.parametrize("override,message", [
-    ("data.train=/no/such.jsonl", "data.train: /no/such.jsonl: no such file"),
-    ("data.train={bad}", "data.train: {bad}:line 2: invalid JSON"),
-    ("agents.0.init_from=/no/model", "agents.0 (qwen3-tiny).init_from: /no/model: no such folder"),
-    ("agents.1.tokenizer=/no/tokenizer", "agents.1 (llama-tiny).tokenizer: unknown tokenizer '/no/tokenizer'"),
+def launch_in_process(monkeypatch, capsys, *argv):
+    """`python -m hacpo_megatron.launch ARGV` as this process runs it (`sys.exit(main())`), with no imports to pay
+    again (each such process costs seconds of them): (exit code, stdout, stderr). torchrun never starts: the exec
+    that would replace this process with it fails the test instead."""
+    from hacpo_megatron import launch
+
+    def execv(path, command):
+        raise AssertionError(f"the launcher went on to start torchrun: {command}")
+
+    monkeypatch.setattr(launch.os, "execv", execv)
+    for variable in ("CUDA_VISIBLE_DEVICES", "GLOO_SOCKET_IFNAME"):  # what it sets before the exec: restored after
+        monkeypatch.delenv(variable, raising=False)
+    monkeypatch.chdir(REPO)  # as the command runs: from the repository
+    capsys.readouterr()
+    code = launch.main(list(argv))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+# The first three stop at the file checks, before the launcher loads any tokenizer: called in this process. The
+# unknown tokenizer is found after the file checks pass and the tokenizers load: a real `python -m` process, which
+# also shows that nothing the launcher imports or loads on its way prints more than the one line.
+@pytest.mark.parametrize("override,message,process", [
+    ("data.train=/no/such.jsonl", "data.train: /no/such.jsonl: no such file", False),
+    ("data.train={bad}", "data.train: {bad}:line 2: invalid JSON", False),
+    ("agents.0.init_from=/no/model", "agents.0 (qwen3-tiny).init_from: /no/model: no such folder", False),
+    ("agents.1.tokenizer=/no/tokenizer", "agents.1 (llama-tiny).tokenizer: unknown tokenizer '/no/tokenizer'", True),
 ])
-def test_a_user_mistake_is_one_line_and_exit_code_2_before_any_work(tmp_path, override, message):
+def test_a_user_mistake_is_one_line_and_exit_code_2_before_any_work(tmp_path, monkeypatch, capsys, override, message,
+                                                                     process):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"question": "What is 1 + 1?", "answer": "2"}\n{oops\n')
     override = override.replace("{bad}", str(bad))
     message = message.replace("{bad}", str(bad))
-    env = dict(os.environ, PYTHONWARNINGS="ignore")
-    result = subprocess.run([sys.executable, "-m", "hacpo_megatron.launch", "--set", override,
-                             "--output-dir", str(tmp_path / "run")], cwd=REPO, env=env, capture_output=True,
-                            text=True, timeout=120)
-    assert result.returncode == 2, result.stderr[-2000:]
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith(f"error: {message}"), result.stderr
-    assert "Traceback" not in result.stdout + result.stderr
+    args = ["--set", override, "--output-dir", str(tmp_path / "run")]
+    if process:
+        env = dict(os.environ, PYTHONWARNINGS="ignore")
+        result = subprocess.run([sys.executable, "-m", "hacpo_megatron.launch", *args], cwd=REPO, env=env,
+                                capture_output=True, text=True, timeout=120)
+        code, stdout, stderr = result.returncode, result.stdout, result.stderr
+    else:
+        code, stdout, stderr = launch_in_process(monkeypatch, capsys, *args)
+    assert code == 2, stderr[-2000:]
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {message}"), stderr
+    assert "Traceback" not in stdout + stderr
     # before any work: no torchrun (its banner), no Ray, no warm-up, nothing written (not a time bound: a loaded
     # machine makes the imports slow, while what matters is that nothing started)
-    assert result.stdout == "" and not (tmp_path / "run").exists()
+    assert stdout == "" and not (tmp_path / "run").exists()
 
 
-def test_resume_without_any_checkpoint_is_a_user_mistake(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "hacpo_megatron.launch", "--resume",
-                             "--output-dir", str(tmp_path / "never-ran")], cwd=REPO, capture_output=True, text=True,
-                            timeout=120)
-    assert result.returncode == 2
-    assert "no checkpoint saved yet; start without --resume" in result.stderr and "Traceback" not in result.stderr
+def test_resume_without_any_checkpoint_is_a_user_mistake(tmp_path, monkeypatch, capsys):
+    code, _, stderr = launch_in_process(monkeypatch, capsys, "--resume", "--output-dir", str(tmp_path / "never-ran"))
+    assert code == 2
+    assert "no checkpoint saved yet; start without --resume" in stderr and "Traceback" not in stderr
 
 
 def test_run_device_cpu_hides_the_gpus_from_the_ranks_and_a_rank_that_sees_one_is_told(tmp_path, monkeypatch):

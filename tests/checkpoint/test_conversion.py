@@ -7,7 +7,6 @@ comes before any distributed work.
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -230,13 +229,15 @@ def test_target_not_empty(hf_folder, tmp_path):
         convert(hf_folder, tmp_path / "out")
 
 
-def test_cli_reports_bad_input_without_a_traceback(hf_folder, tmp_path):
-    env = dict(os.environ, PYTHONWARNINGS="ignore")
-    result = subprocess.run([sys.executable, str(REPO / "tools" / "convert_hf_to_megatron.py"), "--hf-path",
-                             str(hf_folder), "--save", str(tmp_path / "out"), "--tp", "3"],
-                            cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
-    assert result.returncode != 0 and "Traceback" not in result.stderr
-    assert "error: TP=3 must divide" in result.stderr
+def test_cli_reports_bad_input_without_a_traceback(hf_folder, tmp_path, capsys):
+    """The command's main() in this process (a process of it costs seconds of imports): it ends with
+    sys.exit(message), which a process prints to stderr, exiting with code 1. The command run as a process, one
+    line on stderr and nothing else: test_single_process_tools.py's bad-input tests."""
+    with pytest.raises(SystemExit) as stop:  # any other exception: a traceback
+        to_megatron.main(["--hf-path", str(hf_folder), "--save", str(tmp_path / "out"), "--tp", "3"])
+    message = stop.value.code
+    assert isinstance(message, str) and message and "Traceback" not in message + capsys.readouterr().err
+    assert "error: TP=3 must divide" in message
 
 
 def test_broken_checkpoint_folders_name_folder_and_file(run, tmp_path):

@@ -1,8 +1,7 @@
 """A derived model (checkpoint/derived_models.py: the stronger state of the state pair) is named in a config like a
 known model; missing or damaged, it is a config error that names the command making it, before any work."""
+import importlib.util
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -53,9 +52,22 @@ def test_the_config_loader_names_file_line_and_key_of_a_derived_model_not_yet_ma
     assert "tools/make_state.py --config configs/real/smollm2_gspo_state.yaml --steps 8" in str(error.value)
 
 
-def test_make_state_refuses_a_step_that_is_no_known_model_before_any_work(tmp_path):
-    result = subprocess.run([sys.executable, str(REPO / "tools" / "make_state.py"), "--steps", "5",
-                             "--run-dir", str(tmp_path / "run")], capture_output=True, text=True, cwd=REPO)
-    assert result.returncode != 0 and "Traceback" not in result.stderr
-    assert "no known model is configs/real/smollm2_gspo_state.yaml at step(s) [5]" in result.stderr
+def test_make_state_refuses_a_step_that_is_no_known_model_before_any_work(tmp_path, monkeypatch, capsys):
+    """The tool's main() in this process (a process of it costs seconds of imports): it ends with
+    sys.exit(message), which a process prints to stderr, exiting with code 1; training or exporting fails the test."""
+    spec = importlib.util.spec_from_file_location("make_state", REPO / "tools" / "make_state.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+
+    def work(*args):
+        raise AssertionError("make_state went on to work")
+
+    monkeypatch.setattr(tool, "train", work)
+    monkeypatch.setattr(tool, "export", work)
+    monkeypatch.chdir(REPO)  # as the command runs: its default config is a path in the repository
+    with pytest.raises(SystemExit) as stop:  # any other exception: a traceback
+        tool.main(["--steps", "5", "--run-dir", str(tmp_path / "run")])
+    message = stop.value.code
+    assert isinstance(message, str) and message and "Traceback" not in message + capsys.readouterr().err
+    assert "no known model is configs/real/smollm2_gspo_state.yaml at step(s) [5]" in message
     assert not (tmp_path / "run").exists()

