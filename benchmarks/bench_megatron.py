@@ -71,6 +71,7 @@ MODELS = {"tiny": PRESETS["tiny-qwen3"], "small": SMALL_QWEN3, "qwen3-1.7b": PRE
 SAMPLES_PER_PROMPT = 4  # G in the runs: rows of one prompt share a mini-batch
 TEMPERATURE = 1.0
 LR = 1e-5  # small: weights change a little per timed update, the numbers stay finite
+UPDATE_PEERS = ("hf-full-logits", "hf-response-logits", "hf-amp-response-logits")  # amp: on a bf16 GPU only
 # On a GPU both sides run there (megatron picks bf16, the HF model follows it), and each row gets its
 # model-FLOPs utilisation against a bf16 GEMM timed in the same run (docs/gpu.md).
 DEVICE = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
@@ -315,20 +316,22 @@ def bench_model(name: str, hf_config: Dict, parallel, args) -> Tuple[List[Dict],
         return trainer.train_step([train_rows])
 
     trainable = [k for k in kernels if not (kernels[k] == "flex" and DEVICE.type == "cpu")]  # no CPU flex backward
-    times = time_interleaved({
-        **{megatron_label(kernel): partial(megatron_update, kernel) for kernel in trainable},
+    peer_updates = {
         "hf-full-logits": lambda: hf_train_update(hf, optimizer, chunks, work, old_seq_logp, False),
         "hf-response-logits": lambda: hf_train_update(hf, optimizer, chunks, work, old_seq_logp, True),
         **({"hf-amp-response-logits": lambda: autocast(hf_train_update, amp, amp_optimizer, chunks, work, old_seq_logp,
                                                        True)} if amp else {}),
+    }
+    times = time_interleaved({
+        **{megatron_label(kernel): partial(megatron_update, kernel) for kernel in trainable},
+        **{backend: update for backend, update in peer_updates.items() if backend in args.update_peers},
     }, **timing)
     rows += [result_row(label, vocab, backend, "train", t, work.tokens) for backend, t in times.items()]
     print(f"[{label}] training update done: " + progress(rows[-len(times):]), flush=True)
     if args.profile:
         profile_calls({megatron_label(k): partial(megatron_update, k) for k in trainable}
-                      | {"hf-response-logits": lambda: hf_train_update(hf, optimizer, chunks, work, old_seq_logp, True)}
-                      | ({"hf-amp-response-logits": lambda: autocast(hf_train_update, amp, amp_optimizer, chunks, work,
-                                                                     old_seq_logp, True)} if amp else {}),
+                      | {backend: update for backend, update in peer_updates.items()
+                         if backend in args.update_peers and backend != "hf-full-logits"},
                       {"megatron": agent.model, "hf": hf, "hf-amp": amp}, args.profile, label, "train")
     return rows, info
 
@@ -481,6 +484,10 @@ def parse_args() -> argparse.Namespace:
                              "a run's default) and/or plain (one sequence a row, as the HF side); shared is unlabelled")
     parser.add_argument("--profile", metavar="DIR", help="also profile one call of each backend (torch.profiler: "
                                                           "by kernel and by module) into DIR")
+    parser.add_argument("--update-peers", nargs="+", default=list(UPDATE_PEERS), choices=UPDATE_PEERS,
+                        help="the transformers backends timed in the training update; each holds its own gradients "
+                             "and Adam state beside megatron's (at Qwen3-1.7B's shape all three need ~90 GiB: on an "
+                             "80 GB GPU time hf-amp-response-logits alone, the like-for-like peer)")
     parser.add_argument("--max-tokens", type=int, default=None,
                         help="train.max_tokens_per_micro_batch for megatron (default: --micro-batch sequences)")
     return parser.parse_args()

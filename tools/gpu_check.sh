@@ -11,7 +11,8 @@
 #              add `tiny` for the launch-bound end; random init, bf16) against transformers on the same GPU (bf16 weights, and the
 #              like-for-like peer: fp32 weights under bf16 autocast, fused AdamW), with MFU against a bf16 GEMM
 #              timed in the same run; megatron with every train.attention kernel (KERNELS), on shared-prompt
-#              rows (a run's) and plain ones (ROWS). Alone on the GPU: it
+#              rows (a run's) and plain ones (ROWS); UPDATE_PEERS: the transformers backends timed in the update
+#              (an 80 GB H100 holds hf-amp-response-logits alone beside megatron). Alone on the GPU: it
 #              is the only timed stage besides transport.
 #   profile    the same at Qwen3-1.7B's shape, one call of each backend (megatron: PROFILE_KERNELS, default auto)
 #              under torch.profiler: top kernels and modules by device time ($OUT/profile/*.txt)
@@ -28,6 +29,8 @@
 #              training), 12 steps each, one after the other; timed, so alone on the GPU.
 #   together   run and tests side by side (neither is timed)
 #   run+transport  side by side (the run's tiny agents barely load the GPU; transport's figures are marked so)
+# STACKS_AFTER_S: every Python process dumps its stacks into $OUT/stacks/ after that many seconds (and again every
+# as many): where a test that hit its limit was waiting.
 # Each stage's time limit: BENCH_S, RUN_S, RESUME_S, TESTS_S, TRANSPORT_S, STALENESS_S (seconds).
 #
 # Packing (on the machine that sends the checkout; both folders are git-ignored through .git/info/exclude):
@@ -50,6 +53,17 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
   && tar xJf .gpu/ray.tar.xz -C "$SITE" || { echo "set-up failed"; exit 1; }
 # PYTHONFAULTHANDLER: a crashed process (the fourth lease's torchrun workers died of SIGSEGV) prints its Python stack
 export PYTHONPATH="$SITE:$PWD" PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false PYTHONFAULTHANDLER=1
+# STACKS_AFTER_S: every Python process (torchrun's workers too) writes all its threads' stacks into $OUT/stacks/
+# after that many seconds and again every as many, so that a test stopped at its limit shows where it waited
+if [ -n "${STACKS_AFTER_S:-}" ]; then
+  mkdir -p /tmp/stacks-hook "$OUT/stacks"
+  cat >/tmp/stacks-hook/sitecustomize.py <<PY
+import faulthandler, os
+faulthandler.dump_traceback_later(float(os.environ["STACKS_AFTER_S"]), repeat=True,
+                                  file=open(f"$OUT/stacks/{os.getpid()}.txt", "w"))
+PY
+  export PYTHONPATH="/tmp/stacks-hook:$PYTHONPATH"
+fi
 HACPO_COMMIT=$(cat .gpu/commit 2>/dev/null || echo unknown); export HACPO_COMMIT; echo "commit $HACPO_COMMIT"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -c "import torch, transformers, megatron.core, ray; print('torch', torch.__version__, 'cuda', torch.version.cuda,
@@ -59,7 +73,8 @@ SHAPE="--sequences 32 --prompt-length 128 --response-length 384 --micro-batch 8"
 bench() {
   say "bench"
   timeout "${BENCH_S:-240}" python3 benchmarks/bench_megatron.py --models ${MODELS:-qwen3-1.7b} $SHAPE --repeats 3 --warmup 1 \
-    --attention ${KERNELS:-auto local sdpa flex} --rows ${ROWS:-shared plain} --json "$OUT/bench.json" >"$OUT/bench.log" 2>&1
+    --attention ${KERNELS:-auto local sdpa flex} --rows ${ROWS:-shared plain} \
+    ${UPDATE_PEERS:+--update-peers $UPDATE_PEERS} --json "$OUT/bench.json" >"$OUT/bench.log" 2>&1
   echo "bench rc $?"; tail -n 30 "$OUT/bench.log"
 }
 

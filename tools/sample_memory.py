@@ -18,10 +18,12 @@ import time
 
 import psutil
 
+# The first of these in a process's command line is its kind: the launcher before it execs torchrun (its command
+# line names the entry too, so it comes first), then the ranks: the package's program, the same with faults
+# planted (tools/faults.py), the example
 KINDS = ("VLLM::EngineCore", "VLLM::Worker", "ray::EngineActor", "ray::RewardActor", "ray::", "raylet", "gcs_server",
-         "torch.distributed.run", "torchrun",
-         "hacpo_megatron.entry", "tools/faults.py", "examples/hacpo_pretrain_style.py",  # ranks: the package's program,
-         "hacpo_megatron.launch")  # the same with faults planted, the example; the launcher before it execs torchrun
+         "torch.distributed.run", "torchrun", "hacpo_megatron.launch",
+         "hacpo_megatron.entry", "tools/faults.py", "examples/hacpo_pretrain_style.py")
 
 
 def describe(process: psutil.Process, kinds) -> tuple:

@@ -64,7 +64,7 @@ class SavedAnswers:
         return ReplayedRollouts(self.folder, agents, sampler, G)
 
     def deliver(self, agents: RunAgents, updated: Iterable[int]) -> Dict[int, Dict[str, float]]:
-        return {}
+        return {k: {"time/weight_sync": 0.0} for k in updated if k in agents.hosted}  # a step's record has the key
 
     def store_stats(self) -> Dict[str, float]:
         return {}

@@ -174,10 +174,13 @@ def tokens_batch():
 
 
 def megatron_logits(agent, tokens):
-    positions = torch.arange(tokens.shape[1]).expand_as(tokens)
+    """The model's logits for CPU tokens, back on the CPU (the model is on the GPU where there is one)."""
+    device = next(agent.model.parameters()).device
+    tokens = tokens.to(device)
+    positions = torch.arange(tokens.shape[1], device=device).expand_as(tokens)
     agent.model.eval()
     with torch.no_grad():
-        return agent.model(tokens, positions, attention_mask=None)[..., :VOCAB]
+        return agent.model(tokens, positions, attention_mask=None)[..., :VOCAB].cpu()
 
 
 def routes(modules, pick):
@@ -215,7 +218,7 @@ def test_logits_equal_transformers_and_tokens_reach_many_experts(pair):
     hf, _, agent = pair
     tokens = tokens_batch()
     megatron_routes, handles = routes([layer.mlp.router for layer in agent.model.decoder.layers],
-                                      lambda output: output[1].clone())  # routing map [tokens, experts]
+                                      lambda output: output[1].cpu())  # routing map [tokens, experts]
     hf_routes, hf_handles = routes([layer.mlp.gate for layer in hf.model.layers],
                                    lambda output: output[2].clone())  # top-k expert indices [tokens, k]
     try:
@@ -280,7 +283,7 @@ def test_hf_to_megatron_to_hf_is_exact(pair, world):
     assert set(exported) == set(saved)
     assert len([n for n in saved if ".mlp.experts." in n]) == 2 * EXPERTS * 3  # one tensor per expert and projection
     for name in saved:
-        assert exported[name].dtype == saved[name].dtype and torch.equal(exported[name], saved[name]), name
+        assert exported[name].dtype == saved[name].dtype and torch.equal(exported[name].cpu(), saved[name]), name
 
 
 def test_a_transformers_models_fused_experts_load_as_its_checkpoint_does(pair, world):
@@ -316,10 +319,11 @@ def test_the_preset_builds_and_takes_the_weights_transformers_draws_for_it(world
     agent = build_agent_model(preset, world, seed=3, params_dtype=torch.float32)
     load_hf_state_dict_into_model(agent.model, hf.state_dict(), preset, world)
     tokens = torch.randint(0, preset["vocab_size"], (2, 8), generator=torch.Generator().manual_seed(2))
-    positions = torch.arange(tokens.shape[1]).expand_as(tokens)
+    device = next(agent.model.parameters()).device
+    positions = torch.arange(tokens.shape[1], device=device).expand_as(tokens)
     agent.model.eval()
     with torch.no_grad():
-        logits = agent.model(tokens, positions, attention_mask=None)[..., : preset["vocab_size"]]
+        logits = agent.model(tokens.to(device), positions, attention_mask=None)[..., : preset["vocab_size"]].cpu()
         reference = hf(tokens).logits
     assert (logits - reference).abs().max().item() < TOLERANCE
 
