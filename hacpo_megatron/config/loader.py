@@ -359,10 +359,27 @@ def _validate(cfg: Config, where: _Where, errors: List[str]) -> None:
     seen: Dict[str, int] = {}
     for i, agent in enumerate(cfg.agents):
         _validate_agent(agent, ("agents", i), where, errors, load_hf_config_dict, attention_shape)
+        _check_routing_replay(cfg, agent, ("agents", i, "moe", "routing_replay"), where, errors)
         if agent.name in seen:
             errors.append(f"{where(('agents', i, 'name'))}: duplicate agent name {agent.name!r} "
                           f"(also agents[{seen[agent.name]}])")
         seen.setdefault(agent.name, i)
+
+
+def _check_routing_replay(cfg: Config, agent: AgentConfig, path: Path, where: _Where, errors: List[str]) -> None:
+    """agents[].moe.routing_replay against the rest of the run (docs/moe.md); a dense model's agent is refused with
+    the other moe keys."""
+    mode = agent.moe.routing_replay
+    if mode == "r2":
+        _check(cfg.rollout.old_logprobs == "trainer", errors, where, path,
+               "r2 replays the routes of the trainer's old-log-prob pass, which rollout.old_logprobs engine skips "
+               "after the first step: set rollout.old_logprobs to trainer, or use r3")
+    if mode == "r3":
+        _check(agent.engine == "embedded", errors, where, path,
+               f"r3 replays the engine's routes, which only the embedded engine returns here ({agent.engine} does "
+               "not, docs/moe.md): use r2, or engine embedded")
+        _check(cfg.run.mode != "train_only", errors, where, path,
+               "r3 replays the engine's routes; run.mode train_only trains on saved answers, which carry none: use r2")
 
 
 def _validate_agent(agent: AgentConfig, path: Path, where: _Where, errors: List[str], load_arch, shape_of) -> None:

@@ -47,6 +47,11 @@ class MoEConfig:
     # true: the routers' weights take no gradient and never change (the experts and all else train); needs
     # aux_loss_coeff 0
     freeze_router: bool = False
+    # routing replay (docs/moe.md): off (every pass routes live); r2 (the updates route the agent's own answers as the
+    # step's old-log-prob pass did); r3 (the old-log-prob pass and the updates route them as the engine did when it
+    # sampled them: the embedded engine only). Other agents' answers: r2's routes where the learner has its own pass
+    # over them (Naive), else live
+    routing_replay: Literal["off", "r2", "r3"] = "off"
 
 
 @dataclass

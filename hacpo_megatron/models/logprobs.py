@@ -19,7 +19,7 @@ those samples, old and new, are log_softmax(logits / T).
 """
 from __future__ import annotations
 
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
@@ -167,6 +167,10 @@ class PackedBatch:
     targets: torch.Tensor  # [T] the response tokens: sequence by sequence, token by token
     response_lengths: torch.Tensor  # [n]
     indices: torch.Tensor  # [n] positions in the caller's list of the sequences, in `targets`' order
+    # MoE routing replay (models/moe_replay.py): the routes its tokens are to take, [rows, S, layers, k] (-1: live),
+    # and those its pass took (set by the pass, when recording)
+    routes: Optional[torch.Tensor] = None
+    recorded_routes: Optional[torch.Tensor] = None
 
     @property
     def num_sequences(self) -> int:
@@ -348,6 +352,8 @@ class SequenceLogProbs:
     response_mask: torch.Tensor  # [N, T] bool
     sums: torch.Tensor  # [N] sum over the response tokens
     lengths: torch.Tensor  # [N] number of response tokens (L in the paper)
+    # MoE routing replay: each sequence's routes as the pass took them ([prompt + response tokens, layers, k])
+    routes: Optional[List[torch.Tensor]] = None
 
     @staticmethod
     def from_token_logprobs(token_logprobs: torch.Tensor, lengths: torch.Tensor) -> "SequenceLogProbs":
@@ -365,11 +371,14 @@ MicroBatchLoss = Callable[[torch.Tensor, PackedBatch], Tuple[Any, ...]]
 
 
 def make_forward_step(agent: AgentModel, *, temperature: float = 1.0,
-                      loss_fn: Optional[MicroBatchLoss] = None) -> Callable[..., Any]:
+                      loss_fn: Optional[MicroBatchLoss] = None, route_replay: Any = None,
+                      record_routes: bool = False) -> Callable[..., Any]:
     """The `forward_step_func` megatron's schedules call once per micro-batch.
 
     On the last stage the logits become the log-probs of the response tokens; with `loss_fn` those feed
     the loss (training), without it they are returned as the micro-batch's result (inference).
+    `route_replay` (an MoE model's RouteReplay, models/moe_replay.py): each micro-batch's `routes` are imposed on
+    the routers (live where it has none); with `record_routes` the routes taken are left in its `recorded_routes`.
     """
     tp_group = agent.parallel.tp_group
     moe = agent.arch.moe is not None
@@ -396,8 +405,10 @@ def make_forward_step(agent: AgentModel, *, temperature: float = 1.0,
         # MoE: megatron's padding mask for the routers (True: padding), which the load-balancing loss leaves out
         # (models/moe_router.py); routing itself is per token either way
         padding = dict(padding_mask=layout.document < 0) if moe else {}
+        replaying = (route_replay.applied(micro_batch, record=record_routes) if route_replay is not None
+                     else nullcontext())
         with rotary_at_positions(model, None if layout.plain else layout.position), \
-                attention_over(layout, agent.attention):
+                attention_over(layout, agent.attention), replaying:
             output = model(micro_batch.tokens.to(device), layout.position, attention_mask=None,
                            output_processor=_response_positions_logits,
                            output_processor_context=(micro_batch.logit_rows.to(device),
@@ -487,6 +498,7 @@ def compute_sequence_logprobs(
     max_tokens_per_micro_batch: Optional[int] = None,
     share_prompts: bool = False,
     pad_id: int = 0,
+    route_replay: Any = None,
 ) -> SequenceLogProbs:
     """Per-token log-probs of every response under `agent`, on every rank of its model replica.
 
@@ -495,6 +507,9 @@ def compute_sequence_logprobs(
     sequences packed end to end up to that many tokens (token_budget_groups: no padding FLOPs); otherwise
     <= max_sequences_per_micro_batch sequences, in prompt order with `share_prompts` (the responses to one prompt
     share a document, PackedBatch), by length without.
+
+    `route_replay` (an MoE model's RouteReplay): the sequences it holds routes of are routed as those say, the others
+    live; the result's `routes` then holds every sequence's routes as this pass took them (at PP 1).
     """
     if not sequences:
         empty = torch.zeros(0, 0)
@@ -502,12 +517,19 @@ def compute_sequence_logprobs(
     micro_batches = packed_micro_batches(sequences, max_sequences=max_sequences_per_micro_batch,
                                          max_tokens=max_tokens_per_micro_batch, share_prompts=share_prompts,
                                          pad_id=pad_id)
+    if route_replay is not None:
+        if agent.parallel.pp_size > 1:
+            raise ValueError("routing replay runs at pipeline parallelism 1 (MoE agents do)")
+        for mb in micro_batches:
+            mb.routes = route_replay.layout(mb, sequences)
     lengths = torch.tensor([len(r) for _, r in sequences], dtype=torch.long)
     max_response = max(1, int(lengths.max()))
     was_training = agent.model.training
     agent.model.eval()
     try:
-        results = run_schedule(agent, micro_batches, make_forward_step(agent, temperature=temperature),
+        results = run_schedule(agent, micro_batches, make_forward_step(agent, temperature=temperature,
+                                                                       route_replay=route_replay,
+                                                                       record_routes=route_replay is not None),
                                forward_only=True)
     finally:
         agent.model.train(was_training)
@@ -518,7 +540,13 @@ def compute_sequence_logprobs(
             mb: PackedBatch = result["micro_batch"]
             token_logprobs[mb.indices] = mb.response_logprobs(result["token_logprobs"].cpu(), max_response)
     token_logprobs = _from_last_stage(token_logprobs, agent)
-    return SequenceLogProbs.from_token_logprobs(token_logprobs, lengths)
+    out = SequenceLogProbs.from_token_logprobs(token_logprobs, lengths)
+    if route_replay is not None:
+        out.routes = [None] * len(sequences)
+        for mb in micro_batches:
+            for i, route in route_replay.unpack(mb, sequences):
+                out.routes[i] = route
+    return out
 
 
 def _from_last_stage(tensor: torch.Tensor, agent: AgentModel) -> torch.Tensor:

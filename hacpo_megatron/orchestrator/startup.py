@@ -39,7 +39,8 @@ def start_actors(cfg: Config, agent_parallel: Sequence[AgentParallel], hf_config
         for k, agent_cfg in enumerate(cfg.agents):
             options = dict(ACTOR_OPTIONS, name=engine_actor_name(cfg.run.name, agent_cfg.name), lifetime=None,
                            **placement.pinned_to(engine_nodes[k]))
-            kwargs = engine_options(agent_cfg.engine, model_path=agent_cfg.init_from, rollout=cfg.rollout)
+            kwargs = engine_options(agent_cfg.engine, model_path=agent_cfg.init_from, rollout=cfg.rollout,
+                                    record_routes=agent_cfg.moe.routing_replay == "r3")
             engines[k] = EngineActor.options(**options).remote(
                 agent_cfg.engine, hf_configs[k], tokenizer_names[k], cfg.run.seed + k, kwargs, cfg.rollout.cpu_threads,
                 agent_cfg.prompt_format, local_gpu(engine_rank(agent_parallel[k])))

@@ -73,11 +73,16 @@ def install_hint(kind: str) -> Optional[str]:
     return None
 
 
-def engine_options(kind: str, *, model_path: Optional[str], rollout: Any) -> Optional[Dict[str, Any]]:
+def engine_options(kind: str, *, model_path: Optional[str], rollout: Any,
+                   record_routes: bool = False) -> Optional[Dict[str, Any]]:
     """The constructor arguments a run's `rollout:` settings give an engine of `kind` (None: embedded,
-    which needs none: it generates up to max_new_tokens and has no memory pool to size)."""
+    which needs none: it generates up to max_new_tokens and has no memory pool to size). `record_routes`: the
+    agent replays the engine's MoE routes (agents[].moe.routing_replay r3), which only the embedded engine records."""
     if kind == "embedded":
-        return None
+        return {"record_routes": True} if record_routes else None
+    if record_routes:
+        raise ValueError(f"the {kind} engine does not return MoE routes here (docs/moe.md): routing_replay r3 needs "
+                         "the embedded engine")
     context = rollout.max_prompt_length + rollout.max_response_length
     memory = {"vllm": "gpu_memory_utilization", "sglang": "mem_fraction_static"}[kind]
     options = {"model_path": model_path, "max_model_len": context, memory: rollout.gpu_memory_utilization}

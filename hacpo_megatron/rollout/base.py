@@ -77,6 +77,10 @@ class Completion:
     text: str  # decoded response, special tokens skipped
     logprobs: List[float]  # one per token in token_ids
     finish_reason: FinishReason
+    # MoE routing replay r3 (docs/moe.md): the experts the engine sent each token of the prompt and of this answer
+    # to, a torch int16 tensor [prompt + answer tokens, MoE layers, top-k] (-1: a token the engine never fed
+    # through the model, the answer's last); None: the engine records none
+    routes: Optional[Any] = None
 
     @property
     def truncated(self) -> bool:

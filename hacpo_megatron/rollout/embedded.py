@@ -88,14 +88,66 @@ def _cut_at_end(tokens: List[int], logprobs: List[float], eos_ids: set) -> Tuple
     return tokens, logprobs, "length"
 
 
+def moe_routers(model) -> List[torch.nn.Module]:
+    """A transformers model's MoE routers in layer order (Qwen3-MoE's `mlp.gate`, whose forward returns its logits,
+    routing weights and top-k expert indices); [] for a dense model."""
+    return [module for name, module in model.named_modules()
+            if name.endswith("mlp.gate") and hasattr(module, "top_k") and hasattr(module, "num_experts")]
+
+
+class _RouteRecorder:
+    """Forward hooks on a transformers model's routers for one batch's decode: the top-k indices each forward routed
+    with, per layer. The prefill's tokens are [rows, width] (left-padded prompts), each decode step's [rows, 1]: the
+    token drawn at the step before, so an answer's last token, never fed, has no route."""
+
+    def __init__(self, routers: Sequence[torch.nn.Module], rows: int):
+        self.routers, self.rows, self.calls, self._current, self._handles = list(routers), rows, [], {}, []
+
+    def __enter__(self) -> "_RouteRecorder":
+        for layer, router in enumerate(self.routers):
+            self._handles.append(router.register_forward_hook(
+                lambda _m, _i, output, layer=layer: self._seen(layer, output[2])))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+
+    def _seen(self, layer: int, indices: torch.Tensor) -> None:
+        if layer == 0 and self._current:
+            raise RuntimeError("a forward pass routed its first layer twice")
+        self._current[layer] = indices.detach().to(device="cpu", dtype=torch.int16)
+        if layer == len(self.routers) - 1:  # one forward pass complete: [tokens, layers, k]
+            self.calls.append(torch.stack([self._current[i] for i in range(len(self.routers))], dim=1))
+            self._current = {}
+
+    def routes(self, row: int, prompt_length: int, answer_length: int) -> torch.Tensor:
+        """Row `row`'s routes: [prompt + answer tokens, layers, k], -1 for answer tokens never fed."""
+        prefill, steps = self.calls[0], self.calls[1:]
+        width = prefill.shape[0] // self.rows  # transformers' router flattens [rows, width] row by row
+        prompt = prefill.view(self.rows, width, *prefill.shape[1:])[row, width - prompt_length:]
+        answer = torch.full((answer_length, *prefill.shape[1:]), -1, dtype=torch.int16)
+        fed = [step[row] for step in steps[:answer_length]]  # decode step j fed answer token j
+        if fed:
+            answer[:len(fed)] = torch.stack(fed)
+        return torch.cat([prompt, answer])
+
+
 class EmbeddedEngine(RolloutEngine):
     """Generation with a transformers model held in this process (CPU or one GPU)."""
 
     def __init__(self, model, tokenizer, *, eos_token_ids: Sequence[int], pad_token_id: int,
-                 max_batch_sequences: int = 64):
+                 max_batch_sequences: int = 64, record_routes: bool = False):
+        """`record_routes` (a mixture-of-experts model; agents[].moe.routing_replay r3): every completion carries the
+        experts each of its prompt's and answer's tokens went to (`Completion.routes`), read from the model's routers
+        as they route (transformers' Qwen3-MoE router returns its top-k indices)."""
         if not eos_token_ids:
             raise ValueError("EmbeddedEngine needs at least one end-of-sequence token id")
         self.model = model.eval()
+        self.routers = moe_routers(model) if record_routes else []
+        if record_routes and not self.routers:
+            raise ValueError("EmbeddedEngine(record_routes=True): the model has no mixture-of-experts routers")
         self.tokenizer = tokenizer
         self.eos_token_ids = list(eos_token_ids)
         self.pad_token_id = pad_token_id
@@ -119,13 +171,15 @@ class EmbeddedEngine(RolloutEngine):
 
     def _generate_batch(self, prompts: List[List[int]], params: SamplingParams) -> List[Completion]:
         ids, attention = _left_pad(prompts, self.pad_token_id)
-        tokens, token_logprobs = self._decode(ids.to(self.device), attention.to(self.device), params)
+        with _RouteRecorder(self.routers, rows=len(prompts)) as recorder:
+            tokens, token_logprobs = self._decode(ids.to(self.device), attention.to(self.device), params)
         eos = set(self.eos_token_ids)
         result = []
         for row in range(tokens.shape[0]):
             kept, lps, reason = _cut_at_end(tokens[row].tolist(), token_logprobs[row].tolist(), eos)
             text = self.tokenizer.decode(kept, skip_special_tokens=True)
-            result.append(Completion(token_ids=kept, text=text, logprobs=lps, finish_reason=reason))
+            routes = recorder.routes(row, len(prompts[row]), len(kept)) if self.routers else None
+            result.append(Completion(token_ids=kept, text=text, logprobs=lps, finish_reason=reason, routes=routes))
         return result
 
     def _decode(self, ids: torch.Tensor, attention: torch.Tensor,

@@ -38,7 +38,7 @@ def save_step(root: os.PathLike, step: int, agent_names: Sequence[str], prompts:
     for k, name in enumerate(agent_names):
         _write_json(folder / f"{name}.json", {
             "step": step, "agent": name, "prompt_uids": [p.uid for p in prompts],
-            "completions": [[asdict(c) for c in group] for group in rollouts[k]],
+            "completions": [[_saved(c) for c in group] for group in rollouts[k]],
             "scores": list(scores[k * per_agent:(k + 1) * per_agent])})
     _write_json(folder / STEP_FILE, {"step": step, "agents": list(agent_names), "reward_stats": dict(reward_stats)})
 
@@ -91,3 +91,11 @@ def _read_json(path: Path, what: str) -> Dict[str, Any]:
         raise ReplayError(f"{path}: {what}") from None
     except json.JSONDecodeError as error:
         raise ReplayError(f"{path}: not JSON ({error})") from None
+
+
+def _saved(completion: Completion) -> dict:
+    """A completion as saved: its engine routes (MoE routing replay r3, a tensor) are not (run.mode train_only trains
+    with r2 or none, config/loader.py)."""
+    fields = asdict(completion)
+    fields.pop("routes", None)
+    return fields

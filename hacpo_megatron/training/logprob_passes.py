@@ -16,7 +16,13 @@ from hacpo_megatron.training.trainer import AgentTrainer
 
 
 def behaviour_logprobs(cfg: Config, spec, agents: Agents, prompt_ids, rollouts):
-    """Every agent's old log-probs, and {k: engine/trainer gap} on the steps that ran the trainer's pass."""
+    """Every agent's old log-probs, and {k: engine/trainer gap} on the steps that ran the trainer's pass.
+
+    MoE routing replay (agents[k].moe.routing_replay): each hosted trainer forgets the last step's routes and, r3,
+    keeps the engine's routes of its own answers, which its passes and updates of this step then replay."""
+    for k, trainer in agents.trainers.items():
+        trainer.begin_step_routes(own_sequences(prompt_ids[k], rollouts[k]),
+                                  [c.routes for group in rollouts[k] for c in group])
     if cfg.rollout.old_logprobs == "engine" and agents.engine_logprobs_checked:
         return [engine_old_logprobs(r) for r in rollouts], {}
     old = _old_logprobs(agents, prompt_ids, rollouts)
@@ -57,11 +63,16 @@ def agent_logprobs(trainer: AgentTrainer, model: Optional[AgentModel], sequences
     tokens = [result.token_logprobs[i, : int(result.lengths[i])].tolist() for i in range(len(mine))]
     if parallel.dp_size == 1:
         return tokens
+    # the trainer's routes of its pass (routing replay) go with the log-probs: an update's replica takes other rows
+    replayed = model is None and trainer.route_replay is not None
     shares = [None] * parallel.dp_size
-    dist.all_gather_object(shares, tokens, group=parallel.dp_group)
-    out = [None] * len(sequences)
-    for r, share in enumerate(shares):
+    dist.all_gather_object(shares, (tokens, result.routes if replayed else None), group=parallel.dp_group)
+    out, routes = [None] * len(sequences), [None] * len(sequences)
+    for r, (share, share_routes) in enumerate(shares):
         out[r::parallel.dp_size] = share
+        routes[r::parallel.dp_size] = share_routes or [None] * len(share)
+    if replayed:
+        trainer.route_replay.keep(sequences, routes)
     return out
 
 

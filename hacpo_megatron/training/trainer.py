@@ -45,6 +45,7 @@ from hacpo_megatron.config import Config, MoEConfig
 from hacpo_megatron.environment import return_freed_memory
 from hacpo_megatron import megatron_cpu
 from hacpo_megatron.models.build import AgentModel
+from hacpo_megatron.models.moe_replay import RouteReplay
 from hacpo_megatron.models.moe_router import ROUTER_METRICS, RouterLoad, freeze_routers, router_metrics
 from hacpo_megatron.models.logprobs import (
     PackedBatch,
@@ -120,7 +121,12 @@ class AgentTrainer:
         config = agent.config
         config.calculate_per_token_loss = True  # see the module docstring: keep losses, sum gradients
         config.finalize_model_grads_func = partial(_finalize_grads, pg_collection=agent.parallel.pg_collection)
-        self.router_load = self._set_up_routers(agent, moe or MoEConfig())  # before DDP: a frozen router stays out
+        moe = moe or MoEConfig()
+        self.router_load = self._set_up_routers(agent, moe)  # before DDP: a frozen router stays out
+        # agents[k].moe.routing_replay (models/moe_replay.py): this model's own routes, none for "off"
+        self.routing_replay = moe.routing_replay
+        self.route_replay = RouteReplay(agent.model) if self.router_load is not None and moe.routing_replay != "off" \
+            else None
         on_gpu = torch.cuda.is_available()
         ddp_config = DistributedDataParallelConfig(
             grad_reduce_in_fp32=True, overlap_grad_reduce=False, use_distributed_optimizer=on_gpu,
@@ -192,12 +198,29 @@ class AgentTrainer:
 
     # ------------------------------------------------------------------------------ log-probs
     def sequence_logprobs(self, sequences, *, max_sequences_per_micro_batch: Optional[int] = None) -> SequenceLogProbs:
-        """Log-probs at the sampling temperature under the current weights (old log-probs, step 5)."""
-        return compute_sequence_logprobs(
+        """Log-probs at the sampling temperature under the current weights (old log-probs, step 5).
+
+        With routing replay (r2, r3): sequences whose routes the model's RouteReplay holds (the engine's, r3) are
+        routed as those say, the others live; every sequence's routes as this pass took them are kept, and replayed
+        in the step's updates (`begin_step_routes` forgets them)."""
+        result = compute_sequence_logprobs(
             self.agent, sequences, temperature=self.temperature,
             max_sequences_per_micro_batch=max_sequences_per_micro_batch or self.train.micro_batch_size,
             max_tokens_per_micro_batch=self.train.max_tokens_per_micro_batch, share_prompts=self.share_prompts,
+            route_replay=self.route_replay,
         )
+        if self.route_replay is not None:
+            self.route_replay.keep(sequences, result.routes)
+        return result
+
+    def begin_step_routes(self, sequences=(), routes=()) -> None:
+        """A new step: forget the last step's routes; keep `routes` of `sequences` (r3: the engine's routes of the
+        agent's own answers, [prompt + response tokens, layers, k], None where the engine gave none)."""
+        if self.route_replay is None:
+            return
+        self.route_replay.clear()
+        if self.routing_replay == "r3":
+            self.route_replay.keep(sequences, routes)
 
     # ------------------------------------------------------------------------------ training
     def train_step(self, mini_batches: Sequence[Sequence[SequenceRow]]) -> List[Dict[str, float]]:
@@ -210,6 +233,8 @@ class AgentTrainer:
         metrics = [self._update(list(mini_batch), update_index) for update_index, mini_batch in enumerate(mini_batches)]
         self.scheduler.step(increment=1)
         self.steps_done += 1
+        if self.route_replay is not None:  # this step's routes served their updates
+            self.route_replay.clear()
         if self._step_ratio_histogram is not None:  # the same counts on every rank of the agent (_reduce_metrics)
             fitted = fitted_cross_clip_lower_bound(self._step_ratio_histogram, self.algorithm.cross_clip_fit_quantile)
             self.cross_clip_fitted = fitted if fitted is not None else self.cross_clip_fitted
@@ -230,6 +255,9 @@ class AgentTrainer:
         computed = rows_with_gradient(mini_batch, kl_coef=self.algorithm.kl_coef)  # zero-advantage rows: no gradient
         shard = data_parallel_shard(computed, self.parallel.dp_rank, self.parallel.dp_size)
         chunks, packed = self._micro_batches(shard)
+        if self.route_replay is not None:  # each row's routes by its tokens, wherever the packing put it
+            for mb, chunk in zip(packed, chunks):
+                mb.routes = self.route_replay.layout(mb, [(r.prompt_ids, r.response_ids) for r in chunk])
         lower = self.policy_loss.cross_clip_lower(update_index, self.loss_params, self.cross_clip_fitted)
         loss_fn = partial(self._micro_batch_loss, chunks=dict(zip(map(id, packed), chunks)), cross_clip_lower=lower,
                           global_seqs=global_seqs, global_own_seqs=global_own_seqs, global_tokens=global_tokens)
@@ -241,7 +269,8 @@ class AgentTrainer:
             self.router_load.begin_update(self._router_tokens(computed, packed))
         # A replica whose share is empty still joins the gradient all-reduce with zero gradients.
         results = run_schedule(self.agent, packed, make_forward_step(self.agent, temperature=self.temperature,
-                                                                     loss_fn=loss_fn), forward_only=False) \
+                                                                     loss_fn=loss_fn, route_replay=self.route_replay),
+                               forward_only=False) \
             if packed else self._finalize_without_data()
         success, grad_norm, _ = self.optimizer.step()
         out = self._reduce_metrics(results)  # its copy to the host also waits for a GPU's queued work

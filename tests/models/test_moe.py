@@ -1,11 +1,14 @@
 """Qwen3-MoE as a model family (item 1 of issue 52): the HF config read into megatron's MoE settings, logits of the
 megatron model equal to transformers' Qwen3MoeForCausalLM, exact weight round trips, and what the family refuses.
 The loss and the router (item 3): the load-balancing loss's gradient against a float64 reference, its weight whatever
-the micro-batches, two MoE agents in one process, a frozen router, the router keys of the config.
+the micro-batches, two MoE agents in one process, a frozen router, the router keys of the config. Routing replay
+(item 4): forced routes against transformers routed alike, R2 and R3 in the pass and the updates, two agents' routes
+apart, the engine-vs-trainer figures of off / r2 / r3 (docs/moe.md).
 
 One process: the megatron models are built in a gloo world of this one process (`world`, torn down at the end of
 the module), at expert parallelism 1 (the only layout so far, docs/moe.md).
 """
+import functools
 import math
 from pathlib import Path
 
@@ -557,5 +560,291 @@ def test_the_router_keys_are_checked_where_they_are_written(tmp_path):
          r"agents\.1\.moe\.aux_loss_coeff: applies to a mixture-of-experts model's routers; tiny-llama has none"),
     ]:
         config.write_text(text.format(**values))
+        with pytest.raises(ConfigError, match=rf"moe\.yaml:{line}: {message}"):
+            load_config(str(config))
+
+
+# ------------------------------------------------------------------------------------------------
+# (f) routing replay per model (issue 52, item 4; docs/moe.md): forced routes reach the right tokens however rows are
+# packed (against transformers routed the same way, one sequence at a time), R2's recorded routes replay in the
+# updates, R3's engine routes in the pass and the updates, two MoE agents in one process keep their routes apart, and
+# the engine-vs-trainer figures of off / r2 / r3
+# ------------------------------------------------------------------------------------------------
+LAYERS = 2
+
+
+def random_routes(sequences, layers=LAYERS, seed=0):
+    """Per sequence [tokens, layers, k]: k distinct experts drawn at random for every token and layer; one prompt's
+    tokens take the same routes in all its sequences (as they do in a pass, and in an engine up to its numerics)."""
+    g = torch.Generator().manual_seed(seed)
+
+    def draw(n):
+        return torch.rand(n, layers, EXPERTS, generator=g).argsort(dim=-1)[..., :TOP_K].to(torch.int16)
+
+    prompts = {}
+    return [torch.cat([prompts.setdefault(tuple(p), draw(len(p))), draw(len(r))]) for p, r in sequences]
+
+
+def hf_model_of(folder):
+    import transformers
+
+    return transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32,
+                                                             experts_implementation="eager").eval()
+
+
+@torch.no_grad()
+def hf_forced_logprobs(hf, sequences, routes, temperature):
+    """transformers' log-probs of each sequence alone, its routers taking the given experts (-1: their own top-k),
+    the routing weights those experts' renormalised probabilities (Qwen3-MoE's norm_topk_prob)."""
+    from tests.models.workers.reference import hf_token_logprobs
+
+    gates = [layer.mlp.gate for layer in hf.model.layers]
+    out = []
+    for sequence, route in zip(sequences, routes):
+        for layer, gate in enumerate(gates):
+            gate.forward = functools.partial(_forced_gate, gate, route[:, layer].long())
+        try:
+            out += hf_token_logprobs(hf, [sequence], temperature)
+        finally:
+            for gate in gates:
+                del gate.forward
+    return out
+
+
+def _forced_gate(gate, forced, hidden):
+    hidden = hidden.reshape(-1, gate.hidden_dim)
+    logits = torch.nn.functional.linear(hidden, gate.weight)
+    probs = torch.softmax(logits, dim=-1, dtype=torch.float)
+    indices = torch.where(forced >= 0, forced, probs.topk(gate.top_k, dim=-1).indices)
+    weights = probs.gather(1, indices)
+    weights = weights / weights.sum(dim=-1, keepdim=True)
+    return logits, weights.to(logits.dtype), indices
+
+
+def worst(a, b):
+    return max((x - y).abs().max().item() for x, y in zip(a, b))
+
+
+def rows_of(result):
+    return [result.token_logprobs[i, :int(n)] for i, n in enumerate(result.lengths)]
+
+
+@pytest.mark.parametrize("packing", [dict(max_tokens_per_micro_batch=24), dict(share_prompts=True),
+                                     dict(max_sequences_per_micro_batch=3)],
+                         ids=["packed", "shared_prompts", "padded_rows"])
+def test_forced_routes_reach_their_tokens_however_rows_are_packed(moe_folder, world, packing):
+    """Random routes (far from the model's own) replayed in the trainer's pass give transformers' log-probs of each
+    sequence alone routed the same way; the pass records exactly those routes. The same routes given to the wrong
+    sequences (two of equal length swapped), or not replayed, give other log-probs: the comparison would catch a
+    route meeting the wrong row or position."""
+    from hacpo_megatron.models.logprobs import compute_sequence_logprobs
+    from hacpo_megatron.models.moe_replay import RouteReplay
+    from tests.models.workers.reference import SHARED_PROMPT_SEQUENCES, TEMPERATURE
+
+    sequences = SHARED_PROMPT_SEQUENCES
+    routes = random_routes(sequences)
+    agent = build_from_folder(moe_folder, world)
+    replay = RouteReplay(agent.model)
+    live = compute_sequence_logprobs(agent, sequences, temperature=TEMPERATURE, **packing)
+    replay.keep(sequences, routes)
+    forced = compute_sequence_logprobs(agent, sequences, temperature=TEMPERATURE, route_replay=replay, **packing)
+    hf = hf_model_of(moe_folder)
+    reference = hf_forced_logprobs(hf, sequences, routes, TEMPERATURE)
+    error, moved = worst(rows_of(forced), reference), worst(rows_of(live), reference)
+    print(f"\nforced routes: max |trainer - transformers| {error:.1e}; live routing is {moved:.2f} away")
+    assert error < TOLERANCE and moved > 0.1
+    for recorded, route in zip(forced.routes, routes):
+        assert torch.equal(recorded.sort(dim=-1).values, route.sort(dim=-1).values)
+    swapped = list(routes)
+    a, b = 0, 2  # ([21..25], [30, 31, 32]) and ([7, 8], [40..45]): 8 tokens each; their answers' routes swapped
+    swapped[a] = torch.cat([routes[a][:5], routes[b][2:5]])
+    swapped[b] = torch.cat([routes[b][:2], routes[a][5:], routes[b][5:]])
+    replay.clear()
+    replay.keep(sequences, swapped)
+    wrong = compute_sequence_logprobs(agent, sequences, temperature=TEMPERATURE, route_replay=replay, **packing)
+    assert max((rows_of(wrong)[i] - reference[i]).abs().max().item() for i in (a, b)) > 0.1
+
+
+def engine_answers(folder, dtype, prompts, max_new_tokens=12):
+    """The embedded engine (transformers, `dtype`) sampling from the model saved in `folder`, routes recorded."""
+    from hacpo_megatron.rollout.base import SamplingParams
+    from hacpo_megatron.rollout.embedded import EmbeddedEngine
+
+    class Silent:
+        def decode(self, ids, skip_special_tokens=True):
+            return ""
+
+    engine = EmbeddedEngine(hf_model_of(folder).to(dtype), Silent(), eos_token_ids=[1], pad_token_id=0,
+                            record_routes=True)
+    groups = engine.generate(prompts, SamplingParams(n=2, temperature=1.0, max_new_tokens=max_new_tokens, seed=3))
+    return [c for group in groups for c in group]
+
+
+def test_the_embedded_engine_records_the_routes_it_took(moe_folder):
+    """Each answer's routes: the prompt's and the fed answer tokens' (the last one never fed: -1), equal to what
+    transformers' routers pick for the whole sequence in one forward without a cache."""
+    prompts = [[5, 6, 7, 8, 9], [300, 301, 302]]
+    answers = engine_answers(moe_folder, torch.float32, prompts)
+    hf = hf_model_of(moe_folder)
+    seen = []
+    handles = [layer.mlp.gate.register_forward_hook(lambda _m, _i, output: seen.append(output[2]))
+               for layer in hf.model.layers]
+    try:
+        for index, answer in enumerate(answers):
+            prompt = prompts[index // 2]
+            assert answer.routes.shape == (len(prompt) + len(answer.token_ids), LAYERS, TOP_K)
+            assert (answer.routes[-1] == -1).all() and (answer.routes[:-1] >= 0).all()
+            seen.clear()
+            with torch.no_grad():
+                hf(torch.tensor([prompt + answer.token_ids]))
+            full = torch.stack(seen, dim=1)[:-1]
+            assert torch.equal(full.sort(dim=-1).values, answer.routes[:-1].long().sort(dim=-1).values)
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+@pytest.mark.parametrize("engine_dtype", [torch.float32, torch.bfloat16], ids=["fp32_engine", "bf16_engine"])
+def test_r3_routes_the_trainer_as_the_engine_did(moe_folder, world, engine_dtype):
+    """The gap table of docs/moe.md: engine vs trainer per-token log-prob gap on the agent's own answers and the
+    fraction of (token, layer) top-k sets where the trainer's routes differ from the engine's, for off / r2 / r3.
+    r2's old-log-prob pass routes live (it records the routes it takes), so its figures are off's; r3 replays the
+    engine's routes: no differing set. Weights identical; in bf16 the engine's numerics differ from the trainer's
+    fp32, as a GPU engine's do."""
+    from hacpo_megatron.models.moe_replay import top_k_sets_differ
+    from hacpo_megatron.training.step_data import own_sequences
+
+    prompt_ids = [list(range(10 + 7 * b, 17 + 7 * b)) for b in range(4)]
+    answers = engine_answers(moe_folder, engine_dtype, prompt_ids, max_new_tokens=16)
+    sequences = own_sequences(prompt_ids, [answers[2 * b:2 * b + 2] for b in range(len(prompt_ids))])
+    figures = {}
+    for mode in ("off", "r2", "r3"):
+        trainer = moe_trainer(moe_folder, world, routing_replay=mode)
+        trainer.begin_step_routes(sequences, [a.routes for a in answers])
+        old = trainer.sequence_logprobs(sequences)
+        gaps = torch.cat([(torch.tensor(a.logprobs) - old.token_logprobs[i, :len(a.logprobs)]).abs()
+                          for i, a in enumerate(answers)])
+        figures[mode] = dict(gap_max=gaps.max().item(), gap_mean=gaps.mean().item())
+        if mode != "off":  # the routes the pass took, against the engine's, where the engine fed the token
+            differ = torch.cat([top_k_sets_differ(route[:-1].long(), a.routes[:-1].long()).flatten()
+                                for route, a in zip(old.routes, answers)])
+            figures[mode]["route_differs"] = differ.double().mean().item()
+    figures["off"]["route_differs"] = figures["r2"]["route_differs"]  # r2's pass is live: off's routes
+    print(f"\n{engine_dtype}: " + "; ".join(
+        f"{mode}: gap max {f['gap_max']:.2e} mean {f['gap_mean']:.2e}, top-k sets differing "
+        f"{100 * f['route_differs']:.2f} %" for mode, f in figures.items()))
+    assert figures["r3"]["route_differs"] == 0.0
+    assert figures["r2"]["gap_max"] == figures["off"]["gap_max"]
+    if engine_dtype == torch.bfloat16:  # the numerics differ: some near ties route the other way live
+        assert figures["off"]["route_differs"] > 0
+        assert figures["r3"]["gap_max"] < figures["off"]["gap_max"]
+
+
+class LogProbSpy:
+    """The trainer's policy loss, keeping each micro-batch's per-row mean log-prob minus its old one."""
+
+    def __init__(self, loss):
+        self.loss, self.log_ratios = loss, []
+
+    def __getattr__(self, name):
+        return getattr(self.loss, name)
+
+    def __call__(self, batch, params):
+        mean = (batch.logp * batch.mask).sum(dim=1) / batch.mask.sum(dim=1)
+        self.log_ratios.append((mean - batch.old_seq_logp).detach())
+        return self.loss(batch, params)
+
+
+def first_update_log_ratio(trainer, rows):
+    spy = trainer.policy_loss = LogProbSpy(trainer.policy_loss)
+    trainer.train_step([rows])
+    return torch.cat(spy.log_ratios).abs().max().item()
+
+
+def test_replay_in_the_update_gives_the_old_passes_log_probs(moe_folder, world):
+    """On-policy, the first update's log-probs are the old-log-prob pass's: with r2 (the pass's routes replayed) and
+    r3 (the engine's, here forced at random so that live routing is far from them). Without replay in the update
+    (off, given the same forced old log-probs), the ratio moves far from 1. The update packs its rows otherwise than
+    the pass (micro-batches of 2 rows, not by length), so rows meet their routes by their tokens."""
+    figures = {}
+    for mode in ("r2", "r3", "off"):
+        trainer = moe_trainer(moe_folder, world, micro_batch_size=2, routing_replay=mode)
+        probe = moe_rows(trainer, [3, 5, 7, 9], seed=4)  # the sequences; old log-probs computed again below
+        sequences = [(r.prompt_ids, r.response_ids) for r in probe]
+        trainer.begin_step_routes(sequences, random_routes(sequences, seed=9))
+        if mode == "off":  # the forced pass's old log-probs, from an r3 trainer of the same weights
+            forcing = moe_trainer(moe_folder, world, routing_replay="r3")
+            forcing.begin_step_routes(sequences, random_routes(sequences, seed=9))
+            old = forcing.sequence_logprobs(sequences)
+        else:
+            old = trainer.sequence_logprobs(sequences)
+            assert len(trainer.route_replay) == len(sequences)
+        rows = [type(r)(**{**r.__dict__, "old_seq_logp": float(old.sums[i] / old.lengths[i])})
+                for i, r in enumerate(probe)]
+        figures[mode] = first_update_log_ratio(trainer, rows[::-1])  # another order than the pass's
+        if mode != "off":
+            assert len(trainer.route_replay) == 0  # the step's routes are forgotten after its updates
+    print(f"\nfirst update's max |log ratio| per row: {figures}")
+    assert figures["r2"] < 1e-5 and figures["r3"] < 1e-5 and figures["off"] > 1e-2
+
+
+def test_two_moe_agents_on_one_rank_keep_their_routes_apart(moe_folder, world, module_tmp):
+    """Agents A (2 layers) and B (3 layers) in one process, both replaying, their passes and updates interleaved
+    (A's pass, B's pass, A's update, B's update): A's kept routes, update figures and weights are exactly those of A
+    alone, B's routes are B's; megatron's process-wide RouterReplay list stays empty."""
+    from megatron.core.transformer.moe.router_replay import RouterReplay
+
+    other = Path(module_tmp("qwen3_moe_replay_3_layers"))
+    random_hf_model(tiny_config(num_hidden_layers=3), seed=8).save_pretrained(other)
+
+    def a_pass(trainer):
+        rows = moe_rows(trainer, [3, 5, 7, 9], seed=2)
+        return rows, {key: value.clone() for key, value in trainer.route_replay._store.items()}
+
+    a, b = moe_trainer(moe_folder, world, routing_replay="r2"), moe_trainer(other, world, routing_replay="r3")
+    rows_a, kept_a = a_pass(a)
+    b_sequences = [([3, 4, 5], [6, 7]), ([3, 4, 5], [8, 9, 10])]
+    b.begin_step_routes(b_sequences, random_routes(b_sequences, layers=3, seed=5))
+    old_b = b.sequence_logprobs(b_sequences)
+    rows_b = [type(rows_a[0])(prompt_ids=p, response_ids=r, advantage=1.0 - 2 * i, is_cross=False, source=0,
+                              prompt_index=i, old_seq_logp=float(old_b.sums[i] / old_b.lengths[i]))
+              for i, (p, r) in enumerate(b_sequences)]
+    assert set(a.route_replay._store) == {(tuple(r.prompt_ids), tuple(r.response_ids)) for r in rows_a}
+    assert {route.shape[1] for route in a.route_replay._store.values()} == {2}
+    assert {route.shape[1] for route in b.route_replay._store.values()} == {3}
+    figures_a = a.train_step([rows_a])
+    b.train_step([rows_b])
+    alone = moe_trainer(moe_folder, world, routing_replay="r2")
+    rows_alone, kept_alone = a_pass(alone)
+    assert kept_a.keys() == kept_alone.keys() and all(torch.equal(kept_a[k], kept_alone[k]) for k in kept_a)
+    figures_alone = alone.train_step([rows_alone])
+    keys = ("loss", "grad_norm", "own_ratio_mean", "moe/expert_load_max", "moe/expert_load_cv")
+    assert {k: figures_a[0][k] for k in keys} == {k: figures_alone[0][k] for k in keys}
+    for mine, its in zip(a.ddp_model.module.parameters(), alone.ddp_model.module.parameters()):
+        assert torch.equal(mine, its)
+    assert RouterReplay.global_router_replay_instances == []
+
+
+def test_the_routing_replay_key_is_checked_where_it_is_written(tmp_path):
+    from hacpo_megatron.config import ConfigError, load_config
+
+    config = tmp_path / "moe.yaml"
+    text = ("run:\n  name: t\n{run}rollout:\n  old_logprobs: {old}\nagents:\n  - name: m\n    model: qwen3-moe-tiny\n"
+            "    tokenizer: qwen3\n    engine: {engine}\n    moe:\n      routing_replay: {mode}\n"
+            "  - name: d\n    model: tiny-llama\n{dense}")
+    ok = dict(run="", old="trainer", engine="embedded", mode="r3", dense="")
+    config.write_text(text.format(**ok))
+    cfg = load_config(str(config))
+    assert cfg.agents[0].moe.routing_replay == "r3" and cfg.agents[1].moe.routing_replay == "off"
+    for changes, line, message in [
+        (dict(mode="r4"), 11, r"agents\.0\.moe\.routing_replay: "),
+        (dict(engine="vllm"), 11, r"agents\.0\.moe\.routing_replay: r3 replays the engine's routes, which only"),
+        (dict(run="  mode: train_only\n"), 12, r"agents\.0\.moe\.routing_replay: r3 replays the engine's routes; "
+                                               r"run\.mode train_only"),
+        (dict(mode="r2", old="engine"), 11, r"agents\.0\.moe\.routing_replay: r2 replays the routes of the trainer"),
+        (dict(dense="    moe: {routing_replay: r2}\n"), 14,
+         r"agents\.1\.moe\.routing_replay: applies to a mixture-of-experts model's routers; tiny-llama has none"),
+    ]:
+        config.write_text(text.format(**{**ok, **changes}))
         with pytest.raises(ConfigError, match=rf"moe\.yaml:{line}: {message}"):
             load_config(str(config))
