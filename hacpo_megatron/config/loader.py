@@ -340,6 +340,7 @@ def _validate(cfg: Config, where: _Where, errors: List[str]) -> None:
         _check(0 <= getattr(t, key) < 1, errors, where, ("train", key), "must be in [0, 1)")
 
     _check(cfg.run.total_steps >= 1, errors, where, ("run", "total_steps"), "must be >= 1")
+    _check(cfg.run.stop_grace_s >= 0, errors, where, ("run", "stop_grace_s"), "must be >= 0")
     _check(cfg.checkpoint.save_every >= -1, errors, where, ("checkpoint", "save_every"),
            "must be >= 0, or -1 for never")
     _check(cfg.checkpoint.keep_last >= 1, errors, where, ("checkpoint", "keep_last"), "must be >= 1")
