@@ -427,11 +427,11 @@ def _validate_agent(agent: AgentConfig, path: Path, where: _Where, errors: List[
 
 def _resolve_model_names(cfg: Config, where: _Where, errors: List[str]) -> None:
     """A known GGUF model name (e.g. "smollm2-135m-instruct") or a .gguf file as an agent's `model` or
-    `init_from` becomes its Hugging Face folder, converted once and cached (checkpoint/gguf.py); a derived
+    `init_from` becomes its Hugging Face folder, converted once and cached (checkpoint/gguf_sources.py); a derived
     model's name (checkpoint/derived_models.py) its exported folder, which tools/make_state.py makes. A `model`
     left out is the `init_from` folder's architecture."""
     from hacpo_megatron.checkpoint.derived_models import DERIVED_MODELS, resolve_derived_model
-    from hacpo_megatron.checkpoint.gguf import names_gguf_model, resolve_model_source
+    from hacpo_megatron.checkpoint.gguf_sources import names_gguf_model, resolve_model_source
 
     for i, agent in enumerate(cfg.agents):
         for key in ("model", "init_from"):

@@ -174,7 +174,7 @@ class TrainConfig:
     mini_batch_size: int = 64
     micro_batch_size: int = 4  # sequences per forward/backward
     # The responses to one prompt share a row of a micro-batch: the prompt is computed once for all of them,
-    # each response attends to it and to itself only (exact; models/logprobs.py). Applies where the attention
+    # each response attends to it and to itself only (exact; models/packing.py). Applies where the attention
     # takes a mask (megatron's local layers); with Transformer Engine's, one sequence per row as with false.
     share_prompts: bool = True
     # The core attention's kernel (models/attention.py): local (megatron's unfused attention on plain rows),

@@ -183,7 +183,7 @@ def test_blocked_attention_honours_the_sliding_window(window):
     """attend_in_blocks with a window (megatron's left extent: window - 1) against dense masked attention, values
     and gradients, for rows of shared prompts whose responses reach past the window."""
     from hacpo_megatron.models.attention import attend_in_blocks, attention_blocks
-    from hacpo_megatron.models.logprobs import pack_sequences
+    from hacpo_megatron.models.packing import pack_sequences
 
     sequences = [([1] * 5, [2] * 7), ([1] * 5, [3] * 2), ([1] * 5, [4] * 9), ([5] * 8, [6] * 4), ([5] * 8, [7])]
     packed = pack_sequences(sequences, range(len(sequences)), share_prompts=True)
