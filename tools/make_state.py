@@ -26,13 +26,9 @@ from hacpo_megatron.checkpoint.derived_models import (  # noqa: E402
     DERIVED_MODELS, RECORD_FILE, STATE_CONFIG, derived_name,
 )
 from hacpo_megatron.checkpoint.gguf_sources import default_cache_dir  # noqa: E402
-from hacpo_megatron.checkpoint.run_folder import LATEST_FILE  # noqa: E402
+from hacpo_megatron.checkpoint.run_folder import LATEST_FILE, step_folder  # noqa: E402
 from hacpo_megatron.config import ConfigError, load_config  # noqa: E402
-from hacpo_megatron.training import run_checkpoints  # noqa: E402
-
-
-def step_folder(run_dir: Path, step: int) -> Path:
-    return Path(run_checkpoints.step_folder(str(run_dir), step))
+from hacpo_megatron.training.run_checkpoints import checkpoint_root  # noqa: E402
 
 
 def held_out_accuracy(run_dir: Path, step: int, agent: str):
@@ -52,14 +48,14 @@ def commit() -> str:
 
 
 def train(config: str, run_dir: Path, steps) -> None:
-    if all(step_folder(run_dir, s).is_dir() for s in steps):
+    if all(step_folder(checkpoint_root(run_dir), s).is_dir() for s in steps):
         return
     command = [sys.executable, "-m", "hacpo_megatron.launch", "--config", config, "--output-dir", str(run_dir)]
-    if (Path(run_checkpoints.checkpoint_root(str(run_dir))) / LATEST_FILE).exists():
+    if (Path(checkpoint_root(run_dir)) / LATEST_FILE).exists():
         command.append("--resume")
     print("training:", " ".join(command), flush=True)
     subprocess.run(command, cwd=REPO, check=True)
-    missing = [s for s in steps if not step_folder(run_dir, s).is_dir()]
+    missing = [s for s in steps if not step_folder(checkpoint_root(run_dir), s).is_dir()]
     if missing:
         sys.exit(f"make_state: error: the run kept no checkpoint of step(s) {missing} in {run_dir} "
                  f"(checkpoint.save_every / keep_last of {config})")
@@ -74,8 +70,9 @@ def export(config: str, run_dir: Path, step: int, cache: Path) -> Path:
         return target
     if target.exists():
         shutil.rmtree(target)  # an export that stopped before its record: ours, incomplete
-    subprocess.run([sys.executable, str(REPO / "tools" / "convert_megatron_to_hf.py"), "--load",
-                    str(step_folder(run_dir, step) / model.agent), "--save", str(target)], cwd=REPO, check=True)
+    saved = step_folder(checkpoint_root(run_dir), step) / model.agent
+    subprocess.run([sys.executable, str(REPO / "tools" / "convert_megatron_to_hf.py"), "--load", str(saved),
+                    "--save", str(target)], cwd=REPO, check=True)
     record = dict(name=name, config=config, agent=model.agent, step=step, commit=commit(),
                   held_out_accuracy=held_out_accuracy(run_dir, step, model.agent))
     (target / RECORD_FILE).write_text(json.dumps(record, indent=2) + "\n")

@@ -18,10 +18,11 @@ orchestrator/ray_runtime.py), megatron's checkpoint writer's ignores SIGTERM (ch
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import sys
 from dataclasses import dataclass, field
-from typing import Dict, Iterator, Optional
+from typing import Dict, Iterator, Optional, Union
 
 import torch
 import torch.distributed as dist
@@ -43,7 +44,7 @@ def signal_blocked(sig: int) -> Iterator[None]:
 class Preempted(Exception):
     """The run stopped on a signal after saving the checkpoint of `step` (None: a run that keeps none)."""
 
-    def __init__(self, signal_name: str, step: int, checkpoint: Optional[str]):
+    def __init__(self, signal_name: str, step: int, checkpoint: Union[str, os.PathLike, None]):
         super().__init__(f"stopped by {signal_name} after step {step}; checkpoint {checkpoint} is complete: "
                          f"run the same command with --resume to continue" if checkpoint else
                          f"stopped by {signal_name} after step {step} (run.mode rollout_only keeps no checkpoint)")

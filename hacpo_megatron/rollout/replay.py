@@ -4,7 +4,8 @@
                           DIR/step_00000001/<agent>.json for every agent and then DIR/step_00000001/step.json
     --load-rollouts DIR   (run.mode train_only) every rank reads a step's files instead of generating and scoring
 
-A step's folder is named as a run's checkpoint of that step is (checkpoint/run_folder.py `step_folder`). Files are
+A step's folder is named as a run's checkpoint of that step is (checkpoint/run_folder.py `step_folder`); rollouts
+saved before that (six digits, step_000001) are still read. Files are
 keyed by step and agent name, so the n agents of a run never overwrite each other. step.json is written
 last and each file is written whole before it is renamed into place: a step folder without step.json (a run
 killed while saving) is incomplete and never read. JSON keeps every float exactly (Python writes the shortest
@@ -47,7 +48,7 @@ def load_step(root: os.PathLike, step: int, agent_names: Sequence[str], prompts:
               samples_per_prompt: int) -> Tuple[List[List[List[Completion]]], List[float], Dict[str, Any]]:
     """(rollouts [agent][prompt][sample], scores in the same order, reward stats) of a saved step; ReplayError if
     it is missing or was made from other prompts, agents or group size than this run's."""
-    folder = step_folder(root, step)
+    folder = _saved_step_folder(root, step)
     meta = _read_json(folder / STEP_FILE, f"no complete saved step {step}")
     rollouts, scores = [], []
     for name in agent_names:
@@ -71,11 +72,19 @@ def missing_steps(root: os.PathLike, agent_names: Sequence[str], steps: Sequence
         return [f"{root}: no such folder"]
     missing = []
     for step in steps:
-        folder = step_folder(root, step)
+        folder = _saved_step_folder(root, step)
         for name in [STEP_FILE] + [f"{agent}.json" for agent in agent_names]:
             if not (folder / name).is_file():
                 missing.append(str(folder / name))
     return missing
+
+
+def _saved_step_folder(root: os.PathLike, step: int) -> Path:
+    """Where step `step` was saved: `step_folder`, or the name saved rollouts had before they were named as the
+    checkpoints are (step_000001: six digits, until 9492f63), where only that folder exists."""
+    folder = step_folder(root, step)
+    older = Path(root) / f"step_{step:06d}"
+    return older if older.is_dir() and not folder.is_dir() else folder
 
 
 def _write_json(path: Path, data: Dict[str, Any]) -> None:

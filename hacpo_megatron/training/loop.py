@@ -138,13 +138,12 @@ def run_hacpo(cfg: Config, options: RunOptions, model_provider: ModelProvider) -
                 if rank == 0:
                     reporter.log_held_out(done, scores)
             stop = preemption.stop_requested()  # collective: a signal to any rank ends the run here
-            keeps = learners.trains  # nothing learnt, nothing to keep
-            if keeps and (stop or _checkpoint_due(cfg, done)):
-                run_checkpoints.save(options.output_dir, done, agents, tracker, answers.sampler_state(),
-                                     keep_last=cfg.checkpoint.keep_last)
+            saved = None  # nothing learnt (learners.trains false), nothing to keep
+            if learners.trains and (stop or _checkpoint_due(cfg, done)):
+                saved = run_checkpoints.save(options.output_dir, done, agents, tracker, answers.sampler_state(),
+                                             keep_last=cfg.checkpoint.keep_last)
             if stop:
-                raise Preempted(preemption.signal_name, done,
-                                run_checkpoints.step_folder(options.output_dir, done) if keeps else None)
+                raise Preempted(preemption.signal_name, done, saved)
 
 
 # ---------------------------------------------------------------------------------------- one step

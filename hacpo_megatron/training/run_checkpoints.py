@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import random
+from pathlib import Path
 from typing import Any, Dict
 
 import numpy as np
@@ -14,7 +15,7 @@ import torch.distributed as dist
 
 from hacpo_megatron.checkpoint.integrity import choose_resume_checkpoint, describe
 from hacpo_megatron.checkpoint.megatron_io import AgentState, load_agents_checkpoint, save_agents_checkpoint
-from hacpo_megatron.checkpoint.run_folder import resume_candidates, step_dir_name
+from hacpo_megatron.checkpoint.run_folder import resume_candidates
 
 
 def checkpoint_root(output_dir: str) -> str:
@@ -69,14 +70,10 @@ def _numpy_rng_state(saved) -> tuple:
     return (name, np.asarray(keys, dtype=np.uint32), position, has_gauss, cached_gaussian)
 
 
-def step_folder(output_dir: str, step: int) -> str:
-    return os.path.join(checkpoint_root(output_dir), step_dir_name(step))
-
-
-def save(output_dir: str, step: int, agents, tracker, sampler_state: dict, *, keep_last: int) -> None:
-    """Collective: every rank enters. The step becomes `latest` only once completely written. `sampler_state`:
-    the prompt sampler's, with any step whose answers are still being generated undrawn
-    (orchestrator/rollout_pipeline.py)."""
+def save(output_dir: str, step: int, agents, tracker, sampler_state: dict, *, keep_last: int) -> Path:
+    """Collective: every rank enters. The step becomes `latest` only once completely written; its folder
+    (checkpoint/run_folder.py `step_folder`). `sampler_state`: the prompt sampler's, with any step whose answers are
+    still being generated undrawn (orchestrator/rollout_pipeline.py)."""
     trainer_state = {
         "step": step,
         "tracker": tracker.state_dict(),
@@ -84,8 +81,8 @@ def save(output_dir: str, step: int, agents, tracker, sampler_state: dict, *, ke
         "agents": _schedules(agents),
         "rng": {"python": random.getstate(), "numpy": _plain_numpy_rng_state(), "torch": torch.get_rng_state()},
     }
-    save_agents_checkpoint(checkpoint_root(output_dir), step, _agent_states(output_dir, agents),
-                           keep_last=keep_last, trainer_state=trainer_state)
+    return save_agents_checkpoint(checkpoint_root(output_dir), step, _agent_states(output_dir, agents),
+                                  keep_last=keep_last, trainer_state=trainer_state)
 
 
 def choose_checkpoint(output_dir: str) -> str:

@@ -69,3 +69,12 @@ def test_missing_steps_names_every_file_a_train_only_run_would_lack(tmp_path):
     assert missing_steps(tmp_path, AGENTS, [1, 2, 3]) == [
         str(step_folder(tmp_path, 2) / "llama-tiny.json"), str(step_folder(tmp_path, 3) / "step.json"),
         str(step_folder(tmp_path, 3) / "qwen3-tiny.json"), str(step_folder(tmp_path, 3) / "llama-tiny.json")]
+
+
+def test_rollouts_saved_under_the_older_six_digit_name_are_still_read(tmp_path):
+    """Until 9492f63 a saved step's folder was step_000001; checkpoints' were (and are) step_00000001."""
+    save_step(tmp_path, 1, AGENTS, prompts(), rollouts(), scores(), STATS)
+    step_folder(tmp_path, 1).rename(tmp_path / "step_000001")
+    assert missing_steps(tmp_path, AGENTS, [1]) == []
+    loaded, loaded_scores, stats = load_step(tmp_path, 1, AGENTS, prompts(), G)
+    assert loaded == rollouts() and loaded_scores == scores() and stats == STATS
