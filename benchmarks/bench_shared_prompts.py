@@ -72,7 +72,7 @@ def learner_rows(batch, own_logprobs) -> list:
 
 def update_schedule(args) -> UpdateSchedule:
     """The run's: mini-batches of all B prompts x G answers, so a learner of two sources makes M = 2 updates."""
-    return UpdateSchedule(num_prompts=args.prompts, samples_per_prompt=args.samples, sources=(0, 1),
+    return UpdateSchedule(num_prompts=args.prompts, answers_per_prompt=args.samples, sources=(0, 1),
                           rows_per_update=args.prompts * args.samples)
 
 

@@ -127,11 +127,11 @@ def install(plan: FaultPlan) -> None:
             ray.get(self.reward_actor.__ray_call__.remote(_die_in_next_score))
         return score(self, step, prompts, rollouts, times)
 
-    def held_out_scores(cfg, agents, eval_set, reward_actor, weight_check, done):
+    def held_out_scores(settings, agents, eval_set, reward_actor, done):
         if plan.kill_engine_in_eval_at_step == done:
             evaluating["agents"] = agents
         try:
-            return held_out(cfg, agents, eval_set, reward_actor, weight_check, done)
+            return held_out(settings, agents, eval_set, reward_actor, done)
         finally:
             evaluating.clear()
 

@@ -1,10 +1,10 @@
 """Each step's answers and rewards (steps 1-3 of Algorithm 1), generated up to rollout.max_staleness steps ahead.
 
-    pipeline = RolloutPipeline(cfg, agents, sampler, reward_actor, G, weight_check, start_step)
+    pipeline = RolloutPipeline(settings, agents, sampler, reward_actor, start_step)   # settings: GenerationSettings
     work = pipeline.step_rollouts(step, times)   # every rank: prompts, answers, scores, weight versions
     ... train step `step`, push the new weights ...
     pipeline.sampler_state()                     # what a checkpoint keeps of the sampler (in-flight steps undrawn)
-    held_out_scores(cfg, agents, eval_set, reward_actor, weight_check, done)   # every rank; figures on rank 0
+    held_out_scores(settings, agents, eval_set, reward_actor, done)   # every rank; figures on rank 0
 
 With k = 0 a step's prompts are drawn and answered when the step begins: the synchronous loop, the paper's
 algorithm. With k >= 1 the engines answer steps t+1 .. t+k while the learners train step t
@@ -21,14 +21,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 import ray
 import torch.distributed as dist
 
 from hacpo_megatron.bridge import render_prompts
-from hacpo_megatron.config.schema import Config
 from hacpo_megatron.orchestrator.actors import call_with_restarts
 from hacpo_megatron.orchestrator.generation_schedule import GenerationSchedule, PhaseClock
 from hacpo_megatron.orchestrator.run_agents import RunAgents
@@ -36,6 +35,26 @@ from hacpo_megatron.orchestrator.weight_delivery import ENGINE_RETRIES, restore_
 from hacpo_megatron.rewards import RewardItem
 from hacpo_megatron.rollout.base import EngineWithoutWeights, SamplingParams
 from hacpo_megatron.rollout.replay import load_step
+
+if TYPE_CHECKING:
+    from ray.actor import ActorHandle
+
+    from hacpo_megatron.data import PromptSampler
+
+
+@dataclass(frozen=True)
+class GenerationSettings:
+    """What the engines are asked for, resolved once from the config (training/settings.py)."""
+
+    answers_per_prompt: int  # G': rollout.samples_per_prompt (G) x the algorithm's samples multiplier (2G: GSPO x2)
+    temperature: float  # rollout.temperature, rollout.top_p
+    top_p: float
+    max_new_tokens: int  # rollout.max_response_length
+    seed: int  # run.seed: each step's and agent's sampling seed derives from it (`sampling`)
+    max_staleness: int  # k: rollout.max_staleness
+    total_steps: int  # run.total_steps: no step is launched beyond it
+    held_out: SamplingParams  # the held-out evaluation's: data.eval_samples, data.eval_greedy, a fixed seed
+    weight_check: bool  # --check-weights: compare an engine's weights with the trainer's after each push
 
 
 def reward_items(prompts: Sequence, rollouts: Sequence) -> List[RewardItem]:
@@ -58,12 +77,11 @@ class StepRollouts:
 
 
 class RolloutPipeline:
-    def __init__(self, cfg: Config, agents: RunAgents, sampler: Any, reward_actor: Any, G: int, weight_check: bool,
-                 start_step: int):
-        self.cfg, self.agents, self.reward_actor, self.G = cfg, agents, reward_actor, G
-        self.weight_check = weight_check  # verify an engine's weights after each push
+    def __init__(self, settings: GenerationSettings, agents: RunAgents, sampler: PromptSampler,
+                 reward_actor: Optional[ActorHandle], start_step: int):
+        self.settings, self.agents, self.reward_actor = settings, agents, reward_actor  # reward_actor: rank 0's
         self.sampler = sampler
-        self.schedule = GenerationSchedule(max_staleness=cfg.rollout.max_staleness, total_steps=cfg.run.total_steps,
+        self.schedule = GenerationSchedule(max_staleness=settings.max_staleness, total_steps=settings.total_steps,
                                            next_prompts=sampler.next_batch, launch=self._launch,
                                            snapshot=sampler.state_dict)
         self.schedule.start_at(start_step)
@@ -71,7 +89,7 @@ class RolloutPipeline:
 
     def step_rollouts(self, step: int, times: Dict[str, float]) -> StepRollouts:
         """Step `step`'s answers and rewards on every rank (launching the steps up to `step` + k first)."""
-        restore_engines(self.agents, self.weight_check)  # an engine Ray restarted since its last push
+        restore_engines(self.agents, self.settings.weight_check)  # an engine Ray restarted since its last push
         self.clock.learners_stop(time.time())  # the previous step's update, push and metrics are done
         self.schedule.launch_up_to(step, trained=step)
         work = self.schedule.take(step)
@@ -81,7 +99,7 @@ class RolloutPipeline:
         rollouts = self._collect(step, work.handles, prompt_ids, generated_by, times, metrics)
         self.clock.learners_start(time.time())  # the answers are in: scoring them is the learners' side's work
         scores, reward_stats = self._score(step, work.prompts, rollouts, times)
-        if self.cfg.rollout.max_staleness:
+        if self.settings.max_staleness:
             for k, version in enumerate(generated_by):
                 metrics[k]["staleness/versions_behind"] = float(step - version)
         return StepRollouts(work.prompts, prompt_ids, rollouts, scores, reward_stats, generated_by, metrics)
@@ -96,7 +114,7 @@ class RolloutPipeline:
         """Rank 0: every agent's generation of `step` queued on its engine (Ray futures); elsewhere nothing."""
         if dist.get_rank() != 0:
             return {}
-        params = sampling(self.cfg, self.G, step)
+        params = sampling(self.settings, step)
         return {k: self.agents.engines[k].generate_timed.remote(render_prompts(tok, prompts), params(k))
                 for k, tok in enumerate(self.agents.tokenizers)}
 
@@ -126,12 +144,12 @@ class RolloutPipeline:
             if rank == 0:
                 print(f"step {step + 1}: the engines of {[agents.names[k] for k in failed]} died while generating: "
                       "pushing their weights to the restarted engines, then generating again", flush=True)
-            restore_engines(agents, self.weight_check, restarted=failed)
+            restore_engines(agents, self.settings.weight_check, restarted=failed)
             for k in failed:
                 generated_by[k] = step
             payload = [None]
             if rank == 0:
-                params = sampling(self.cfg, self.G, step)
+                params = sampling(self.settings, step)
                 redo, failed = wait_for_generations(
                     {k: agents.engines[k].generate_timed.remote(prompt_ids[k], params(k)) for k in failed})
                 for k, completions in self._answers(redo, metrics).items():
@@ -158,14 +176,16 @@ class ReplayedRollouts:
     from `folder` (rollout/replay.py); no engine, no reward actor. The same interface as RolloutPipeline, so the
     loop takes its answers from either without asking which."""
 
-    def __init__(self, folder: str, agents: RunAgents, sampler: Any, G: int):
-        self.folder, self.agents, self.sampler, self.G = folder, agents, sampler, G
+    def __init__(self, folder: str, agents: RunAgents, sampler: PromptSampler, answers_per_prompt: int):
+        self.folder, self.agents, self.sampler = folder, agents, sampler
+        self.answers_per_prompt = answers_per_prompt  # G', as the saving run's engines gave
 
     def step_rollouts(self, step: int, times: Dict[str, float]) -> StepRollouts:
         prompts = self.sampler.next_batch()
         prompt_ids = [render_prompts(tok, prompts) for tok in self.agents.tokenizers]
         t = time.perf_counter()
-        rollouts, scores, reward_stats = load_step(self.folder, step + 1, self.agents.names, prompts, self.G)
+        rollouts, scores, reward_stats = load_step(self.folder, step + 1, self.agents.names, prompts,
+                                                   self.answers_per_prompt)
         times.update({"time/rollout": time.perf_counter() - t, "time/reward": 0.0})
         return StepRollouts(prompts, prompt_ids, rollouts, scores, reward_stats,
                             generated_by=[step] * len(rollouts), metrics={})
@@ -174,22 +194,19 @@ class ReplayedRollouts:
         return self.sampler.state_dict()
 
 
-def held_out_scores(cfg: Config, agents: RunAgents, eval_set: list, reward_actor: Any, weight_check: bool,
-                    done: int) -> Dict[str, List[float]]:
+def held_out_scores(settings: GenerationSettings, agents: RunAgents, eval_set: list,
+                    reward_actor: Optional[ActorHandle], done: int) -> Dict[str, List[float]]:
     """Every agent's score on each held-out problem (on rank 0; {} elsewhere): the mean score of its answers to
     it (greedy, or k samples with a seed that is the same at every evaluation, so successive evaluations differ by
     the weights only). Their mean is the held-out accuracy; kept per problem, two evaluations can be compared
     problem by problem (a paired standard error: tools/compare_algorithms.py). Collective: an engine that died
     (Ray's memory monitor ends actors when the machine passes 95 % of its memory) is given its weights again by
     its ranks and answers again, as in a training step."""
-    d, rank = cfg.data, dist.get_rank()
-    params = SamplingParams(n=d.eval_samples, greedy=d.eval_greedy, temperature=cfg.rollout.temperature,
-                            top_p=cfg.rollout.top_p, max_new_tokens=cfg.rollout.max_response_length,
-                            seed=cfg.run.seed + 99_991)
+    rank, params = dist.get_rank(), settings.held_out
     pending = list(range(len(agents.configs)))
     answers: Dict[int, Any] = {}
     for _attempt in range(ENGINE_RETRIES + 1):
-        restore_engines(agents, weight_check)  # restarted since their last push: weights again
+        restore_engines(agents, settings.weight_check)  # restarted since their last push: weights again
         failed: List[Any] = [None]
         if rank == 0:
             handles = {k: agents.engines[k].generate.remote(render_prompts(agents.tokenizers[k], eval_set), params)
@@ -226,10 +243,11 @@ def wait_for_generations(handles: Dict[int, Any]):
     return results, failed
 
 
-def sampling(cfg: Config, G: int, step: int) -> Callable[[int], SamplingParams]:
-    """Per-agent sampling parameters; the seed depends only on (run seed, step, agent): resumable."""
+def sampling(settings: GenerationSettings, step: int) -> Callable[[int], SamplingParams]:
+    """Per-agent sampling parameters, G' answers per prompt; the seed depends only on (run seed, step, agent):
+    resumable."""
     def for_agent(k: int) -> SamplingParams:
-        return SamplingParams(n=G, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
-                              max_new_tokens=cfg.rollout.max_response_length,
-                              seed=(cfg.run.seed * 1_000_003 + step * 1_009 + k) % (2**31))
+        return SamplingParams(n=settings.answers_per_prompt, temperature=settings.temperature, top_p=settings.top_p,
+                              max_new_tokens=settings.max_new_tokens,
+                              seed=(settings.seed * 1_000_003 + step * 1_009 + k) % (2**31))
     return for_agent

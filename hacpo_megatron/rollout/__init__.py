@@ -17,12 +17,15 @@ from __future__ import annotations
 
 import importlib.util
 import os
-from typing import Any, Dict, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence
 
 from hacpo_megatron.rollout.base import (
     DEFAULT_BUCKET_BYTES, Completion, RolloutEngine, SamplingParams, WeightCheck, send_weights_in_buckets,
     weight_buckets,
 )
+
+if TYPE_CHECKING:
+    from hacpo_megatron.config.schema import RolloutConfig
 
 ENGINE_KINDS = ("embedded", "vllm", "sglang")
 
@@ -73,7 +76,7 @@ def install_hint(kind: str) -> Optional[str]:
     return None
 
 
-def engine_options(kind: str, *, model_path: Optional[str], rollout: Any,
+def engine_options(kind: str, *, model_path: Optional[str], rollout: RolloutConfig,
                    record_routes: bool = False) -> Optional[Dict[str, Any]]:
     """The constructor arguments a run's `rollout:` settings give an engine of `kind` (None: embedded,
     which needs none: it generates up to max_new_tokens and has no memory pool to size). `record_routes`: the

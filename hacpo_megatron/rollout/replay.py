@@ -45,7 +45,7 @@ def save_step(root: os.PathLike, step: int, agent_names: Sequence[str], prompts:
 
 
 def load_step(root: os.PathLike, step: int, agent_names: Sequence[str], prompts: Sequence[Any],
-              samples_per_prompt: int) -> Tuple[List[List[List[Completion]]], List[float], Dict[str, Any]]:
+              answers_per_prompt: int) -> Tuple[List[List[List[Completion]]], List[float], Dict[str, Any]]:
     """(rollouts [agent][prompt][sample], scores in the same order, reward stats) of a saved step; ReplayError if
     it is missing or was made from other prompts, agents or group size than this run's."""
     folder = _saved_step_folder(root, step)
@@ -58,9 +58,9 @@ def load_step(root: os.PathLike, step: int, agent_names: Sequence[str], prompts:
             raise ReplayError(f"{folder / (name + '.json')}: saved for other prompts than this run's step {step}; "
                               "replay with the saving run's data, run.seed and data.prompt_batch_size")
         sizes = {len(group) for group in saved["completions"]}
-        if sizes != {samples_per_prompt}:
+        if sizes != {answers_per_prompt}:
             raise ReplayError(f"{folder / (name + '.json')}: {sorted(sizes)} answers per prompt, this run needs "
-                              f"{samples_per_prompt} (rollout.samples_per_prompt and the algorithm as when saved)")
+                              f"{answers_per_prompt} (rollout.samples_per_prompt and the algorithm as when saved)")
         rollouts.append([[Completion(**c) for c in group] for group in saved["completions"]])
         scores.extend(saved["scores"])
     return rollouts, scores, meta["reward_stats"]

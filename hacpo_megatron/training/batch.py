@@ -47,29 +47,29 @@ class UpdateSchedule:
     """How one learner's rows of a step split into its M mini-batch updates (module docstring)."""
 
     num_prompts: int  # B
-    samples_per_prompt: int  # G': responses per prompt of each source (2G for GSPO x2)
+    answers_per_prompt: int  # G': responses per prompt of each source (2G for GSPO x2)
     sources: Tuple[int, ...]  # the agents whose responses the learner trains on, own included
     rows_per_update: int  # train.mini_batch_size * G (G: rollout.samples_per_prompt)
 
     def __post_init__(self):
-        grid = len(self.sources) * self.num_prompts * self.samples_per_prompt
+        grid = len(self.sources) * self.num_prompts * self.answers_per_prompt
         if self.rows_per_update < 1 or not self.sources or grid % self.rows_per_update:
             raise ValueError(f"{self.rows_per_update} rows per update must divide the learner's {grid} rows "
-                             f"({len(self.sources)} sources x {self.num_prompts} prompts x {self.samples_per_prompt})")
+                             f"({len(self.sources)} sources x {self.num_prompts} prompts x {self.answers_per_prompt})")
 
     @property
     def num_updates(self) -> int:
-        return len(self.sources) * self.num_prompts * self.samples_per_prompt // self.rows_per_update
+        return len(self.sources) * self.num_prompts * self.answers_per_prompt // self.rows_per_update
 
     def slot(self, row: "SequenceRow") -> int:
         """The row's place in the (prompt, sample, source) grid."""
-        if not 0 <= row.prompt_index < self.num_prompts or not 0 <= row.sample_index < self.samples_per_prompt:
+        if not 0 <= row.prompt_index < self.num_prompts or not 0 <= row.sample_index < self.answers_per_prompt:
             raise ValueError(f"row (prompt {row.prompt_index}, sample {row.sample_index}) outside the step's "
-                             f"{self.num_prompts} prompts x {self.samples_per_prompt} samples")
+                             f"{self.num_prompts} prompts x {self.answers_per_prompt} samples")
         if row.source not in self.sources:
             raise ValueError(f"row from agent {row.source}, not among the learner's sources {list(self.sources)}")
         position = self.sources.index(row.source)
-        return (row.prompt_index * self.samples_per_prompt + row.sample_index) * len(self.sources) + position
+        return (row.prompt_index * self.answers_per_prompt + row.sample_index) * len(self.sources) + position
 
 
 def mini_batches(rows: Sequence[SequenceRow], schedule: UpdateSchedule) -> List[List[SequenceRow]]:

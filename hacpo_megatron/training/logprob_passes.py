@@ -7,29 +7,28 @@ from typing import Dict, List, Optional
 import numpy as np
 import torch.distributed as dist
 
-from hacpo_megatron.algorithms import LossParams
-from hacpo_megatron.config import Config
 from hacpo_megatron.models.build import AgentModel
 from hacpo_megatron.training.agents import Agents
 from hacpo_megatron.training.step_data import OldLogProbs, check_engine_logprobs, engine_old_logprobs, own_sequences
 from hacpo_megatron.training.trainer import AgentTrainer
 
 
-def behaviour_logprobs(cfg: Config, spec, agents: Agents, prompt_ids, rollouts):
+def behaviour_logprobs(agents: Agents, prompt_ids, rollouts, *, engine_clip: Optional[float]):
     """Every agent's old log-probs, and {k: engine/trainer gap} on the steps that ran the trainer's pass.
+    `engine_clip` (rollout.old_logprobs engine; None: trainer): how close the trainer's pass on the run's first step
+    must find the engines' own log-probs for them to stand in from then on.
 
     MoE routing replay (agents[k].moe.routing_replay): each hosted trainer forgets the last step's routes and, r3,
     keeps the engine's routes of its own answers, which its passes and updates of this step then replay."""
     for k, trainer in agents.trainers.items():
         trainer.begin_step_routes(own_sequences(prompt_ids[k], rollouts[k]),
                                   [c.routes for group in rollouts[k] for c in group])
-    if cfg.rollout.old_logprobs == "engine" and agents.engine_logprobs_checked:
+    if engine_clip is not None and agents.engine_logprobs_checked:
         return [engine_old_logprobs(r) for r in rollouts], {}
     old = _old_logprobs(agents, prompt_ids, rollouts)
     gaps = {k: _engine_trainer_logprob_gap(rollouts[k], old[k]) for k in range(len(old))}
-    if cfg.rollout.old_logprobs == "engine":
-        clip = spec.loss.own_clip_low(LossParams.from_config(cfg.algorithm, spec))
-        check_engine_logprobs({agents.names[k]: gap for k, gap in gaps.items()}, clip=clip)
+    if engine_clip is not None:
+        check_engine_logprobs({agents.names[k]: gap for k, gap in gaps.items()}, clip=engine_clip)
         agents.engine_logprobs_checked = True
     return old, gaps
 

@@ -25,7 +25,7 @@ import os
 import random
 import time
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Union
+from typing import Dict, List, Optional, Union
 
 import numpy as np
 import torch
@@ -35,7 +35,7 @@ from hacpo_megatron.algorithms import AlgorithmSpec, CapabilityTracker, step_adv
 from hacpo_megatron.algorithms.registry import algorithm_spec
 from hacpo_megatron.config import Config, config_to_dict, dump_config
 from hacpo_megatron.data import PromptSampler
-from hacpo_megatron.orchestrator.engine_side import engine_side
+from hacpo_megatron.orchestrator.engine_side import EngineSide, engine_side
 from hacpo_megatron.orchestrator.lifecycle import RunLifecycle
 from hacpo_megatron.orchestrator.preemption import Preempted
 from hacpo_megatron.orchestrator.rollout_pipeline import ReplayedRollouts, RolloutPipeline, held_out_scores
@@ -46,9 +46,10 @@ from hacpo_megatron.rollout.replay import save_step
 from hacpo_megatron.rollout.weight_sync import engine_rank
 from hacpo_megatron.training import run_checkpoints
 from hacpo_megatron.training.agents import Agents, build_agents
-from hacpo_megatron.training.learner_side import learner_side
+from hacpo_megatron.training.learner_side import LearnerSide, learner_side
 from hacpo_megatron.training.preflight import check_device, check_inputs
 from hacpo_megatron.training.provider import ModelProvider
+from hacpo_megatron.training.settings import RunSettings, run_settings
 from hacpo_megatron.training.step_data import load_prompt_sets, rewards_tensor, rollout_stats
 from hacpo_megatron.training.trainer import time_gemm_peaks_in_turn
 
@@ -65,27 +66,25 @@ class RunOptions:
 
 @dataclass
 class Run:
-    """What every step of a run reads: the config, the algorithm, this rank's agents, the engine side (engines, or
-    in run.mode train_only none), the source of each step's answers (the engines' RolloutPipeline, or
-    ReplayedRollouts), the learner side (none in run.mode rollout_only), the capability tracker, the run's options
-    and G', each agent's answers per prompt (G x the algorithm's samples multiplier: 2G for GSPO x2); G itself,
-    `rollout.samples_per_prompt`, is what a mini-batch counts in."""
+    """What every step of a run reads: the algorithm, this rank's agents, the engine side (engines, or in run.mode
+    train_only none), the source of each step's answers (the engines' RolloutPipeline, or ReplayedRollouts), the
+    learner side (none in run.mode rollout_only), the capability tracker, the run's options and settings (G', each
+    agent's answers per prompt, and step 4's: training/settings.py)."""
 
-    cfg: Config
     spec: AlgorithmSpec
     agents: Agents
-    engines: Any  # orchestrator/engine_side.py: RayEngines, or SavedAnswers (train_only)
+    engines: EngineSide  # orchestrator/engine_side.py: RayEngines, or SavedAnswers (train_only)
     answers: Union[RolloutPipeline, ReplayedRollouts]  # each step's answers: from the engines, or as saved
-    learners: Any  # training/learner_side.py: Learners, or NoLearners (rollout_only)
+    learners: LearnerSide  # training/learner_side.py: Learners, or NoLearners (rollout_only)
     tracker: CapabilityTracker
     options: RunOptions
-    answers_per_prompt: int  # G'
+    settings: RunSettings
 
 
 def run_hacpo(cfg: Config, options: RunOptions, model_provider: ModelProvider) -> None:
     check_inputs(cfg, output_dir=options.output_dir, resume=options.resume,  # InputError before any work
                  save_rollouts=options.save_rollouts, load_rollouts=options.load_rollouts)
-    check_device(cfg)
+    check_device(cfg.run.device)
     init_distributed()
     rank, world = dist.get_rank(), dist.get_world_size()
     if cfg.train.cpu_threads and not torch.cuda.is_available():
@@ -96,8 +95,8 @@ def run_hacpo(cfg: Config, options: RunOptions, model_provider: ModelProvider) -
                          f"got {world}")
     resume_from = run_checkpoints.choose_checkpoint(options.output_dir) if options.resume else None  # verified
     spec = algorithm_spec(cfg.algorithm)
+    settings = run_settings(cfg, spec, weight_check=options.weight_check)  # each part's, resolved once
     n, B = len(cfg.agents), cfg.data.prompt_batch_size
-    answers_per_prompt = cfg.rollout.samples_per_prompt * spec.samples_multiplier  # G'
     if rank == 0:
         os.makedirs(options.output_dir, exist_ok=True)
         dump_config(cfg, os.path.join(options.output_dir, "config.yaml"))
@@ -105,14 +104,16 @@ def run_hacpo(cfg: Config, options: RunOptions, model_provider: ModelProvider) -
 
     agents = build_agents(cfg, spec, model_provider)
     run_checkpoints.save_tokenizers(options.output_dir, agents)
-    engines = engine_side(cfg, options.weight_check, options.load_rollouts)  # none in train_only
-    learners = learner_side(cfg, rank)  # none in rollout_only
+    engines = engine_side(cfg.run.mode, settings.actors, settings.generation,
+                          options.load_rollouts)  # none in train_only
+    learners = learner_side(cfg.run.mode, settings.learners, rank)  # none in rollout_only
     with RunLifecycle(options.ray_address) as lifecycle:  # Ray, the reporter, the signal handlers: ended at exit
-        reward_actor = engines.start(lifecycle, cfg, agents, rank, options.output_dir)
-        train_set, eval_set = load_prompt_sets(cfg, agents.tokenizers, options.output_dir)
+        reward_actor = engines.start(lifecycle, agents, rank, options.output_dir)
+        train_set, eval_set = load_prompt_sets(cfg.data, cfg.rollout.max_prompt_length, agents.tokenizers,
+                                               options.output_dir)
         eval_set = engines.held_out(eval_set, rank)  # none without engines to answer
         sampler = PromptSampler(train_set, B, seed=cfg.run.seed, shuffle=cfg.data.shuffle)
-        tracker = CapabilityTracker(n, cfg.algorithm.capability_window, reward_range=_reward_range(cfg))
+        tracker = CapabilityTracker(n, cfg.algorithm.capability_window, reward_range=settings.advantages.reward_range)
 
         start_step = 0
         if resume_from:
@@ -120,11 +121,11 @@ def run_hacpo(cfg: Config, options: RunOptions, model_provider: ModelProvider) -
         engines.deliver(agents, agents.hosted)  # the trainers' weights, at the start or the checkpoint's
         time_gemm_peaks_in_turn(list(agents.trainers.values()))  # perf/mfu's denominator, engines loaded and idle
 
-        answers = engines.answers(cfg, agents, sampler, reward_actor, answers_per_prompt, start_step)
-        run = Run(cfg, spec, agents, engines, answers, learners, tracker, options, answers_per_prompt)
+        answers = engines.answers(agents, sampler, reward_actor, start_step)
+        run = Run(spec, agents, engines, answers, learners, tracker, options, settings)
         reporter = lifecycle.reporting(_reporter(cfg, agents, options, start_step)) if rank == 0 else None
         if start_step == 0 and cfg.data.eval_every and eval_set:
-            scores = held_out_scores(cfg, agents, eval_set, reward_actor, options.weight_check, done=0)  # collective
+            scores = held_out_scores(settings.generation, agents, eval_set, reward_actor, done=0)  # collective
             if rank == 0:
                 reporter.log_held_out(0, scores)
         preemption = lifecycle.watch_signals()
@@ -134,7 +135,7 @@ def run_hacpo(cfg: Config, options: RunOptions, model_provider: ModelProvider) -
                 reporter.log_step(step + 1, records)
             done = step + 1
             if cfg.data.eval_every and eval_set and (done % cfg.data.eval_every == 0 or done == cfg.run.total_steps):
-                scores = held_out_scores(cfg, agents, eval_set, reward_actor, options.weight_check, done)  # collective
+                scores = held_out_scores(settings.generation, agents, eval_set, reward_actor, done)  # collective
                 if rank == 0:
                     reporter.log_held_out(done, scores)
             stop = preemption.stop_requested()  # collective: a signal to any rank ends the run here
@@ -148,7 +149,7 @@ def run_hacpo(cfg: Config, options: RunOptions, model_provider: ModelProvider) -
 
 # ---------------------------------------------------------------------------------------- one step
 def _hacpo_step(run: Run, step: int) -> List[Dict[str, float]]:
-    cfg, agents, options = run.cfg, run.agents, run.options
+    agents, options = run.agents, run.options
     rank, n = dist.get_rank(), len(agents.configs)
     times: Dict[str, float] = {}
     t_step = time.perf_counter()
@@ -159,12 +160,13 @@ def _hacpo_step(run: Run, step: int) -> List[Dict[str, float]]:
     B = len(prompts)
     if options.save_rollouts and rank == 0:
         save_step(options.save_rollouts, step + 1, agents.names, prompts, rollouts, scores, reward_stats)
-    rewards = rewards_tensor(scores, n, B, run.answers_per_prompt)
+    rewards = rewards_tensor(scores, n, B, run.settings.answers_per_prompt)
 
     # 4. capabilities and advantages
     capabilities = run.tracker.update(rewards)
-    advantages = step_advantages(rewards, capabilities, run.spec, omega_clamp=_omega_clamp(cfg),
-                                 eps=cfg.algorithm.advantage_eps, reward_range=_reward_range(cfg))
+    a = run.settings.advantages  # algorithm.omega_clamp, algorithm.advantage_eps, reward.range
+    advantages = step_advantages(rewards, capabilities, run.spec, omega_clamp=a.omega_clamp, eps=a.eps,
+                                 reward_range=a.reward_range)
 
     # 5-7. old log-probs, then each hosted learner: bridge, train; push weights (training/learner_side.py)
     gaps, local = run.learners.step(run, work, advantages, times)
@@ -214,14 +216,6 @@ def _reporter(cfg: Config, agents: Agents, options: RunOptions, start_step: int)
                        plots=log.plots, progress_bar=log.progress_bar, start_step=keep_before, project=log.project,
                        run_name=cfg.run.name, params=flat_params(config_to_dict(cfg)),
                        mlflow_tracking_uri=log.mlflow_tracking_uri)
-
-
-def _reward_range(cfg: Config):
-    return tuple(cfg.reward.range) if cfg.reward.range is not None else None
-
-
-def _omega_clamp(cfg: Config):
-    return tuple(cfg.algorithm.omega_clamp) if cfg.algorithm.omega_clamp is not None else None
 
 
 def _seed_everything(seed: int) -> None:

@@ -37,13 +37,13 @@ def check_inputs(cfg: Config, *, output_dir: str, resume: bool, save_rollouts: O
         raise InputError(problems)
 
 
-def check_device(cfg: Config) -> None:
-    """InputError when this process sees a GPU that run.device says not to use. A process hides its GPUs only
+def check_device(device: str) -> None:
+    """InputError when this process sees a GPU that run.device (`device`) says not to use. A process hides its GPUs only
     before it first asks torch about CUDA (CUDA_VISIBLE_DEVICES), so the launcher hides them from the ranks it
     starts; ranks started some other way (torchrun on a cluster) must be started so."""
     import torch
 
-    if cfg.run.device == "cpu" and torch.cuda.is_available():
+    if device == "cpu" and torch.cuda.is_available():
         raise InputError(["run.device: cpu, but this rank sees a GPU: start the ranks with CUDA_VISIBLE_DEVICES= "
                           "(python -m hacpo_megatron.launch does that itself)"])
 

@@ -19,6 +19,7 @@ import torch.distributed as dist
 
 from hacpo_megatron.algorithms.staleness import DEFAULT_BEHAVIOUR_WEIGHT_CAP, behaviour_weights
 from hacpo_megatron.bridge import bridge_responses, render_prompt
+from hacpo_megatron.config.schema import DataConfig
 from hacpo_megatron.data import load_prompts
 from hacpo_megatron.data.records import PromptRecord
 from hacpo_megatron.rollout.base import Completion
@@ -165,21 +166,23 @@ def drop_overlong_prompts(prompts: Sequence[PromptRecord], tokenizers: Sequence,
     return kept, len(prompts) - len(kept)
 
 
-def load_prompt_sets(cfg, tokenizers: Sequence, output_dir: str) -> Tuple[List[PromptRecord], List[PromptRecord]]:
-    """Training and held-out prompts; those longer than rollout.max_prompt_length for any agent are left
-    out and counted (the log, run_info.json and the summary say how many)."""
-    splits = {"train": load_prompts(cfg.data.train, "train"),
-              "eval": load_prompts(cfg.data.eval, "eval")[: cfg.data.eval_max_prompts] if cfg.data.eval else []}
+def load_prompt_sets(data: DataConfig, max_prompt_length: int, tokenizers: Sequence,
+                     output_dir: str) -> Tuple[List[PromptRecord], List[PromptRecord]]:
+    """Training and held-out prompts (the config's `data:`); those longer than `max_prompt_length`
+    (rollout.max_prompt_length) for any agent are left out and counted (the log, run_info.json and the summary
+    say how many)."""
+    splits = {"train": load_prompts(data.train, "train"),
+              "eval": load_prompts(data.eval, "eval")[: data.eval_max_prompts] if data.eval else []}
     skipped = {}
     for split, prompts in splits.items():
-        splits[split], skipped[split] = drop_overlong_prompts(prompts, tokenizers, cfg.rollout.max_prompt_length)
+        splits[split], skipped[split] = drop_overlong_prompts(prompts, tokenizers, max_prompt_length)
         if prompts and not splits[split]:
-            raise SystemExit(f"all {len(prompts)} {split} prompts of {getattr(cfg.data, split)} are longer than "
-                             f"rollout.max_prompt_length={cfg.rollout.max_prompt_length} tokens")
+            raise SystemExit(f"all {len(prompts)} {split} prompts of {getattr(data, split)} are longer than "
+                             f"rollout.max_prompt_length={max_prompt_length} tokens")
     if dist.get_rank() == 0:
         if any(skipped.values()):
-            print(f"skipped prompts longer than rollout.max_prompt_length={cfg.rollout.max_prompt_length} tokens: "
-                  f"{skipped['train']} of {cfg.data.train}, {skipped['eval']} of {cfg.data.eval}", flush=True)
+            print(f"skipped prompts longer than rollout.max_prompt_length={max_prompt_length} tokens: "
+                  f"{skipped['train']} of {data.train}, {skipped['eval']} of {data.eval}", flush=True)
         from hacpo_megatron.reporting import update_run_info
 
         update_run_info(output_dir, {"prompts": {
