@@ -51,6 +51,7 @@ from hacpo_megatron.models.logprobs import (
     PackedBatch,
     SequenceLogProbs,
     compute_sequence_logprobs,
+    in_step_with_expert_peers,
     make_forward_step,
     pack_sequences,
     run_schedule,
@@ -267,11 +268,14 @@ class AgentTrainer:
         self.optimizer.zero_grad()
         if self.router_load is not None and computed:
             self.router_load.begin_update(self._router_tokens(computed, packed))
-        # A replica whose share is empty still joins the gradient all-reduce with zero gradients.
-        results = run_schedule(self.agent, packed, make_forward_step(self.agent, temperature=self.temperature,
-                                                                     loss_fn=loss_fn, route_replay=self.route_replay),
+        # A replica whose share is empty still joins the gradient all-reduce with zero gradients. At EP > 1 the EP
+        # ranks (replicas) exchange tokens in every MoE layer: each runs as many micro-batches as the most any runs,
+        # filler ones after its own (models/logprobs.py), which add zero gradients and no metrics.
+        in_step = in_step_with_expert_peers(self.agent, packed)
+        results = run_schedule(self.agent, in_step, make_forward_step(self.agent, temperature=self.temperature,
+                                                                      loss_fn=loss_fn, route_replay=self.route_replay),
                                forward_only=False) \
-            if packed else self._finalize_without_data()
+            if in_step else self._finalize_without_data()
         success, grad_norm, _ = self.optimizer.step()
         out = self._reduce_metrics(results)  # its copy to the host also waits for a GPU's queued work
         histogram = out.pop(RATIO_HISTOGRAM, None)
