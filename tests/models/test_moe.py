@@ -6,7 +6,7 @@ the micro-batches, two MoE agents in one process, a frozen router, the router ke
 apart, the engine-vs-trainer figures of off / r2 / r3 (docs/moe.md).
 
 One process: the megatron models are built in a gloo world of this one process (`world`, torn down at the end of
-the module), at expert parallelism 1 (the only layout so far, docs/moe.md).
+the module), at expert parallelism 1 (EP > 1: test_moe_expert_parallel.py and its torchrun test, docs/moe.md).
 """
 import functools
 import math
