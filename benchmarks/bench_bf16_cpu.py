@@ -22,7 +22,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hacpo_megatron.algorithms.registry import algorithm_spec  # noqa: E402
-from hacpo_megatron.checkpoint.gguf import resolve_model_source  # noqa: E402
+from hacpo_megatron.checkpoint.gguf_sources import resolve_model_source  # noqa: E402
 from hacpo_megatron.checkpoint.hf_io import HFWeights  # noqa: E402
 from hacpo_megatron.checkpoint.hf_mapping import load_hf_state_dict_into_model  # noqa: E402
 from hacpo_megatron.config.schema import AgentConfig, AlgorithmConfig, Config, ParallelConfig, TrainConfig  # noqa: E402

@@ -176,7 +176,7 @@ def main() -> None:
     from hacpo_megatron.bridge.retokenize import render_prompt
     from hacpo_megatron.bridge.tokenizers import load_tokenizer
     from hacpo_megatron.data.records import user_prompt
-    from hacpo_megatron.checkpoint.gguf import resolve_model_source
+    from hacpo_megatron.checkpoint.gguf_sources import resolve_model_source
     from hacpo_megatron.rollout.base import SamplingParams
 
     folder = resolve_model_source(args.model)

@@ -41,7 +41,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)  # run from a checkout
 
-MODEL = "smollm2-135m-instruct"  # a known GGUF name (checkpoint/gguf.py)
+MODEL = "smollm2-135m-instruct"  # a known GGUF name (checkpoint/gguf_sources.py)
 TOKENIZER = "smollm2"  # the bridge's name for the same tokenizer
 TRANSPORTS = ("object_store", "process_group")  # and cuda_ipc where a GPU is (see transports())
 ENGINES = ("embedded", "vllm")
@@ -111,7 +111,7 @@ def quiet_libraries() -> None:
 
 
 def model_folder() -> str:
-    from hacpo_megatron.checkpoint.gguf import resolve_model_source
+    from hacpo_megatron.checkpoint.gguf_sources import resolve_model_source
 
     return str(resolve_model_source(MODEL))  # converted once (~20-90 s), then reused
 

@@ -210,7 +210,7 @@ def make_model(size: str, work: str) -> Dict[str, str]:
     """(model folder, tokenizer name) of a size: a random Qwen3 saved once, or the converted SmolLM2."""
     spec = SIZES[size]
     if "init_from" in spec:
-        from hacpo_megatron.checkpoint.gguf import resolve_model_source
+        from hacpo_megatron.checkpoint.gguf_sources import resolve_model_source
 
         return {"folder": str(resolve_model_source(spec["init_from"])), "tokenizer": spec["tokenizer"]}
     from transformers.utils import logging as hf_logging

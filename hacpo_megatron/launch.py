@@ -96,6 +96,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         return INPUT_ERROR_EXIT_CODE
     command = torchrun_command(required_world_size(cfg.agents), argv, args.entry)
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # gloo's connections stay on loopback
+    # torchrun's wait, after a SIGTERM, for the ranks to finish their step and save (run.stop_grace_s); the
+    # variable, not --shutdown-timeout, which older torch releases do not know
+    os.environ["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] = str(cfg.run.stop_grace_s)
     if cfg.run.device == "cpu":  # the ranks, Ray's actors and the reward's workers see no GPU (run.device)
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
     os.execv(command[0], command)

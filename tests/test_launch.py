@@ -132,9 +132,14 @@ def test_the_launcher_runs_the_packages_own_program_or_the_users_entry(tmp_path,
         raise SystemExit(0)
 
     monkeypatch.setattr(launch.os, "execv", execv)
-    for variable in ("CUDA_VISIBLE_DEVICES", "GLOO_SOCKET_IFNAME"):
-        monkeypatch.delenv(variable, raising=False)
+    for variable in ("CUDA_VISIBLE_DEVICES", "GLOO_SOCKET_IFNAME", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"):
+        monkeypatch.setenv(variable, "")  # so that what main() sets is undone after the test
+        monkeypatch.delenv(variable)
     out = ["--output-dir", str(tmp_path / "run")]
+    with pytest.raises(SystemExit):
+        launch.main([*out, "--set", "run.stop_grace_s=1234"])
+    # torchrun lets the ranks finish a step after SIGTERM for run.stop_grace_s, not its own 30 s
+    assert os.environ["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] == "1234"
     with pytest.raises(SystemExit):
         launch.main(out)
     command = started[-1]  # python -m torch.distributed.run FLAGS -m hacpo_megatron.entry ARGS
@@ -145,5 +150,5 @@ def test_the_launcher_runs_the_packages_own_program_or_the_users_entry(tmp_path,
     with pytest.raises(SystemExit):
         launch.main(["--entry", script, *out])
     assert script in started[-1] and "hacpo_megatron.entry" not in started[-1]
-    assert launch.main(["--entry", str(tmp_path / "missing.py"), *out]) == 2 and len(started) == 2
+    assert launch.main(["--entry", str(tmp_path / "missing.py"), *out]) == 2 and len(started) == 3
     assert "--entry" in capsys.readouterr().err

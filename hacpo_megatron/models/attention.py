@@ -1,6 +1,6 @@
 """Core attention over the rows the trainer builds, with one of four kernels (`train.attention`).
 
-A micro-batch's rows (models/logprobs.py: PackedBatch) hold *documents*: a prompt followed by one response
+A micro-batch's rows (models/packing.py: PackedBatch) hold *documents*: a prompt followed by one response
 (a plain sequence) or by several (shared prompts), and a row may hold several documents end to end (token-budget
 packing). Who sees whom is a property of each token, given per row by three [rows, S] tensors (`TokenLayout`):
 

@@ -49,7 +49,7 @@ class AgentModel:
     padded_vocab_size: int  # rows of the embedding/output layer across all TP shards
     # megatron's local attention with its unfused softmax applies a given mask (the fused causal kernel
     # ignores it) and the unfused RoPE takes per-row positions, so responses can share their prompt's row
-    # (models/logprobs.py); Transformer Engine's layers are not set up for that here
+    # (models/packing.py); Transformer Engine's layers are not set up for that here
     takes_attention_mask: bool = False
     # the core attention's kernel (models/attention.py: local, sdpa, flex, or auto-gpu), `train.attention` resolved
     # for this device; Transformer Engine's layers have their own

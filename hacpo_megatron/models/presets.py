@@ -26,7 +26,7 @@ _LLAMA32 = dict(
                       original_max_position_embeddings=8192),
     tie_word_embeddings=True, bos_token_id=128000, eos_token_id=[128001, 128008, 128009],
 )
-# Gemma 3 (the real 270M comes as the GGUF model `gemma3-270m`, checkpoint/gguf.py: its config.json names it)
+# Gemma 3 (the real 270M comes as the GGUF model `gemma3-270m`, checkpoint/gguf_sources.py: its config.json names it)
 _GEMMA3 = dict(
     architectures=["Gemma3ForCausalLM"], model_type="gemma3_text", hidden_activation="gelu_pytorch_tanh",
     attention_bias=False, rms_norm_eps=1e-6, vocab_size=262144, head_dim=256, query_pre_attn_scalar=256,

@@ -48,15 +48,13 @@ from hacpo_megatron.models.build import AgentModel
 from hacpo_megatron.models.moe_replay import RouteReplay
 from hacpo_megatron.models.moe_router import ROUTER_METRICS, RouterLoad, freeze_routers, router_metrics
 from hacpo_megatron.models.logprobs import (
-    PackedBatch,
     SequenceLogProbs,
     compute_sequence_logprobs,
     in_step_with_expert_peers,
     make_forward_step,
-    pack_sequences,
     run_schedule,
-    token_budget_groups,
 )
+from hacpo_megatron.models.packing import PackedBatch, pack_sequences, token_budget_groups
 from hacpo_megatron.parallel.groups import collective_device, world_collectives_within
 from hacpo_megatron.training.batch import SequenceRow, data_parallel_shard, micro_batches, rows_with_gradient
 from hacpo_megatron.training.utilisation import gemm_peak_flops, training_flops

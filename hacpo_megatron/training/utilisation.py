@@ -7,7 +7,7 @@
 Model FLOPs follow megatron's own count (megatron/training/training.py, `num_floating_point_operations`):
 every weight GEMM three times (forward, weight gradient, input gradient), two FLOPs per multiply-add, and
 core attention (QK^T and softmax·V) over what each token attends to: its own sequence's causal triangle,
-and where responses share their prompt in one row (models/logprobs.py), the prompt counts once. The
+and where responses share their prompt in one row (models/packing.py), the prompt counts once. The
 output layer counts at the response positions only: an RL update needs the log-probs of response tokens,
 and the trainer's output hook computes logits there alone (models/logprobs.py). Model FLOPs are the work
 the model needs, not what a kernel happens to do: recomputation, padding and an attention kernel that

@@ -199,7 +199,7 @@ def test_identical_tokenizer_short_cut_keeps_the_sampled_ids():
 
 
 def test_smollm2_to_smollm2_takes_the_short_cut_and_to_qwen3_does_not():
-    from hacpo_megatron.checkpoint.gguf import gguf_tokenizer_folder
+    from hacpo_megatron.checkpoint.gguf_sources import gguf_tokenizer_folder
 
     spelled = SMOL.convert_tokens_to_ids(list("hello")) + [SMOL.eos_token_id]
     assert SMOL.encode("hello") != spelled[:-1]

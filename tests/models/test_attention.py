@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from hacpo_megatron.models.attention import Document, attend_in_blocks, attention_blocks
-from hacpo_megatron.models.logprobs import pack_sequences
+from hacpo_megatron.models.packing import pack_sequences
 
 
 def _dense_reference(query, key, value, mask, scale):
@@ -88,7 +88,7 @@ def test_answers_of_very_different_lengths_go_to_different_stacks():
 # Every kernel of train.attention against each sequence's own causal attention
 # ------------------------------------------------------------------------------------------------
 from hacpo_megatron.models.attention import attend_causal, attend_flex  # noqa: E402
-from hacpo_megatron.models.logprobs import token_budget_groups  # noqa: E402
+from hacpo_megatron.models.packing import token_budget_groups  # noqa: E402
 
 # prompts of different lengths, several answers each (shared prompts), answers longer than a small window
 SEQUENCES = [([1] * 5, [2] * 7), ([1] * 5, [3] * 2), ([9] * 3, [4] * 9), ([1] * 5, [5] * 4), ([8] * 8, [6] * 4),

@@ -183,7 +183,7 @@ def test_blocked_attention_honours_the_sliding_window(window):
     """attend_in_blocks with a window (megatron's left extent: window - 1) against dense masked attention, values
     and gradients, for rows of shared prompts whose responses reach past the window."""
     from hacpo_megatron.models.attention import attend_in_blocks, attention_blocks
-    from hacpo_megatron.models.logprobs import pack_sequences
+    from hacpo_megatron.models.packing import pack_sequences
 
     sequences = [([1] * 5, [2] * 7), ([1] * 5, [3] * 2), ([1] * 5, [4] * 9), ([5] * 8, [6] * 4), ([5] * 8, [7])]
     packed = pack_sequences(sequences, range(len(sequences)), share_prompts=True)
@@ -295,7 +295,7 @@ def test_tp2_with_one_kv_head_is_refused_by_the_tools_and_the_builder():
     check_parallel_layout(arch, 1, 2)
 
     class TwoRanks:  # what check_layout reads of an AgentParallel
-        name, tp_size, pp_size = "g", 2, 1
+        name, tp_size, pp_size, dp_size, ep_size, etp_size = "g", 2, 1, 1, 1, 2
 
     with pytest.raises(ValueError, match="g: TP=2 must divide the attention heads.*" + KV_MESSAGE):
         check_layout(arch, TwoRanks())

@@ -4,13 +4,8 @@ import torch
 
 from hacpo_megatron.checkpoint.hf_mapping import Kind, shard, to_hf, to_megatron, unshard
 from hacpo_megatron.models.architectures import read_architecture
-from hacpo_megatron.models.logprobs import (
-    SequenceLogProbs,
-    micro_batch_indices,
-    pack_sequences,
-    prompt_grouped,
-    token_logprobs_from_logits,
-)
+from hacpo_megatron.models.logprobs import SequenceLogProbs, token_logprobs_from_logits
+from hacpo_megatron.models.packing import micro_batch_indices, pack_sequences, prompt_grouped
 from tests.models.workers.reference import TEST_CONFIGS
 
 
@@ -117,9 +112,9 @@ def test_pack_sequences_with_shared_prompts_puts_each_prompt_once_and_keeps_posi
 
 
 def test_a_shared_prompt_row_stops_growing_at_its_token_limit(monkeypatch):
-    from hacpo_megatron.models import logprobs
+    from hacpo_megatron.models import packing
 
-    monkeypatch.setattr(logprobs, "MAX_SHARED_ROW_TOKENS", 8)
+    monkeypatch.setattr(packing, "MAX_SHARED_ROW_TOKENS", 8)
     sequences = [([1, 2], [3, 4, 5]), ([1, 2], [6, 7, 8]), ([1, 2], [9]), ([1, 2], [1] * 9)]
     batch = pack_sequences(sequences, range(4), share_prompts=True)
     # 2 + 3 + 3 = 8 fits; the third response would make 9: a new row, which the fourth (alone 11) cannot join
@@ -179,7 +174,7 @@ def test_qkv_is_interleaved_per_query_group():
 
 
 def test_a_token_budget_packs_sequences_end_to_end_and_no_micro_batch_passes_it():
-    from hacpo_megatron.models.logprobs import token_budget_groups
+    from hacpo_megatron.models.packing import token_budget_groups
 
     sequences = [([1, 2], [3, 4, 5]), ([7], [8]), ([1, 2], [6]), ([9] * 4, [5] * 12), ([7], [2, 2])]
     groups = token_budget_groups(sequences, 8, share_prompts=False)

@@ -280,7 +280,7 @@ def _trainer(folder, world, **moe_keys):
 
 
 def _with_fillers(count):
-    from hacpo_megatron.models.logprobs import filler_micro_batch
+    from hacpo_megatron.models.packing import filler_micro_batch
 
     def in_step(agent, micro_batches):
         return list(micro_batches) + [filler_micro_batch() for _ in range(count)]
@@ -321,7 +321,8 @@ def test_filler_micro_batches_change_no_gradient_figure_or_log_prob(moe_folder, 
 
 def test_a_filler_is_padding_to_the_routers(moe_folder, world):
     """The load figures and loss of an update made of fillers alone count no token (no 0 / 0 either)."""
-    from hacpo_megatron.models.logprobs import filler_micro_batch, make_forward_step, run_schedule
+    from hacpo_megatron.models.logprobs import make_forward_step, run_schedule
+    from hacpo_megatron.models.packing import filler_micro_batch
 
     trainer = _trainer(moe_folder, world, aux_loss_coeff=0.1)
     trainer.ddp_model.train()

@@ -21,9 +21,9 @@ import torch.distributed as dist
 from hacpo_megatron.checkpoint.hf_mapping import export_hf_state_dict, load_hf_state_dict_into_model
 from hacpo_megatron.config.schema import AgentConfig, ParallelConfig
 from hacpo_megatron.models.build import build_agent_model
-from hacpo_megatron.models.logprobs import (
-    PackedBatch, compute_sequence_logprobs, make_forward_step, micro_batch_indices, pack_sequences,
-    packed_micro_batches, prompt_grouped, run_schedule,
+from hacpo_megatron.models.logprobs import compute_sequence_logprobs, make_forward_step, run_schedule
+from hacpo_megatron.models.packing import (
+    PackedBatch, micro_batch_indices, pack_sequences, packed_micro_batches, prompt_grouped,
 )
 from hacpo_megatron.parallel.groups import AgentParallel, create_agent_groups, init_distributed
 from tests.models.workers.reference import (
