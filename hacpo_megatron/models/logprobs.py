@@ -316,9 +316,10 @@ def run_schedule(agent: AgentModel, micro_batches: List[PackedBatch], forward_st
         p2p_communicator=P2PCommunicator(pp_group=parallel.pp_group, config=agent.config),
         pg_collection=parallel.pg_collection,
     )
-    if not any(mb.filler for mb in micro_batches):
+    fillers = [getattr(mb, "filler", False) for mb in micro_batches]  # a tool's own micro-batches have none
+    if not any(fillers):
         return results
-    return [result for result, mb in zip(results, micro_batches) if not mb.filler]  # one result per micro-batch
+    return [result for result, filler in zip(results, fillers) if not filler]  # one result per micro-batch
 
 
 @torch.no_grad()
@@ -355,7 +356,8 @@ def compute_sequence_logprobs(
         if in_step:
             _run_forward_only(agent, in_step, make_forward_step(agent, temperature=temperature))
         empty = torch.zeros(0, 0)
-        return SequenceLogProbs(empty, empty.bool(), torch.zeros(0), torch.zeros(0, dtype=torch.long))
+        return SequenceLogProbs(empty, empty.bool(), torch.zeros(0), torch.zeros(0, dtype=torch.long),
+                                routes=[] if route_replay is not None else None)  # no sequence, no routes
     if route_replay is not None:
         if agent.parallel.pp_size > 1:
             raise ValueError("routing replay runs at pipeline parallelism 1 (MoE agents do)")

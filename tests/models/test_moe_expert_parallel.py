@@ -335,3 +335,35 @@ def test_a_filler_is_padding_to_the_routers(moe_folder, world):
     assert results == [] and torch.equal(sums, torch.zeros_like(sums))
     for param in trainer.ddp_model.module.parameters():
         assert not param.main_grad.any()
+
+
+def test_a_pass_with_no_sequences_of_its_own_keeps_no_routes(moe_folder, world, monkeypatch):
+    """A replica's share of a log-prob pass can be empty (at EP > 1 it then runs fillers alone). With routing replay
+    the pass gives no log-probs and an empty list of routes, which the trainer keeps (nothing): the routes used to be
+    None there, and keeping them failed (`len(None)`)."""
+    from hacpo_megatron.models import logprobs
+
+    trainer = _trainer(moe_folder, world, routing_replay="r2")
+    for fillers in (0, 2):
+        with monkeypatch.context() as patch:
+            patch.setattr(logprobs, "in_step_with_expert_peers", _with_fillers(fillers))
+            result = trainer.sequence_logprobs([])
+        assert result.routes == [] and result.token_logprobs.numel() == 0 and result.lengths.numel() == 0
+    assert len(trainer.route_replay) == 0
+
+
+def test_the_compare_tools_logits_are_the_models(world):
+    """tools/compare_hf_megatron.py's pass through megatron's schedule (`run_schedule`), whose micro-batch is a type of
+    its own with no `filler`, gives the model's logits (AttributeError once run_schedule read the fillers)."""
+    from hacpo_megatron.checkpoint.hf_mapping import load_hf_state_dict_into_model
+    from hacpo_megatron.models.build import build_agent_model
+    from tests.checkpoint.workers.checkpoint_worker import load_tool
+    from tests.models.test_moe import megatron_logits, tokens_batch
+
+    hf_config = tiny_config().to_dict()
+    agent = build_agent_model(hf_config, world, seed=1, params_dtype=torch.float32)
+    load_hf_state_dict_into_model(agent.model, random_hf_model(tiny_config(), seed=2).state_dict(), hf_config, world)
+    tokens = tokens_batch()
+    through_schedule = load_tool("compare_hf_megatron").megatron_logits(agent, tokens)
+    assert through_schedule.shape == (*tokens.shape, VOCAB)
+    assert torch.equal(through_schedule, megatron_logits(agent, tokens))
