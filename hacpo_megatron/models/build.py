@@ -113,12 +113,13 @@ def _experts_from_expert_rng(active: bool) -> Iterator[None]:
         SequentialMLP.__init__ = original
 
 
-def check_layout(arch: Architecture, parallel: AgentParallel) -> None:
-    """ValueError if the model cannot be split this way (heads over TP, layers over PP, experts over EP)."""
+def check_layout(arch: Architecture, parallel: AgentParallel, *, training: bool = True) -> None:
+    """ValueError if the model cannot be split this way (heads over TP, layers over PP, experts over EP); `training`:
+    also where training does not take the layout yet (presets.layout_problems)."""
     # the experts' TP as configured (AgentParallel keeps megatron's default, TP, where EP and ETP are 1)
     expert_tensor = parallel.etp_size if parallel.ep_size > 1 or parallel.etp_size != parallel.tp_size else 1
     problems = layout_problems(arch.layout_shape, parallel.tp_size, parallel.pp_size, arch.hf_architecture,
-                               dp=parallel.dp_size, ep=parallel.ep_size, etp=expert_tensor)
+                               dp=parallel.dp_size, ep=parallel.ep_size, etp=expert_tensor, training=training)
     if problems:
         raise ValueError(f"{parallel.name}: " + "; ".join(problems.values()))
 
@@ -131,12 +132,15 @@ def build_agent_model(
     params_dtype: Optional[torch.dtype] = None,
     use_transformer_engine: Optional[bool] = None,
     attention: str = "auto",
+    training: bool = True,
     **config_overrides: Any,
 ) -> AgentModel:
     """This rank's part of the agent's GPTModel, randomly initialised (load weights afterwards).
 
     Call only on the agent's members; not collective beyond the agent (tied embeddings with PP > 1
     all-reduce the output-layer copy over the agent's embedding group). `attention`: `train.attention`.
+    `training` False: a model for its weights and its passes in eval mode only (the conversion tools), which takes
+    the layouts training does not take yet (a mixture of experts at TP > 1 or PP > 1: presets.layout_problems).
     """
     megatron_cpu.apply()
     from megatron.core.models.gpt import GPTModel
@@ -144,7 +148,7 @@ def build_agent_model(
     if not parallel.is_member:
         raise RuntimeError(f"rank {parallel.rank} builds no part of agent {parallel.name!r}")
     arch = read_architecture(hf_config)
-    check_layout(arch, parallel)
+    check_layout(arch, parallel, training=training)
     seed_model_parallel_rng(seed, parallel)
     config = transformer_config(
         arch, tensor_parallel=parallel.tp_size, pipeline_parallel=parallel.pp_size,

@@ -132,14 +132,16 @@ def attention_shape(hf_config: Dict[str, Any]) -> Dict[str, int]:
 
 
 def layout_problems(shape: Dict[str, int], tp: int, pp: int, model: str, *, dp: int = 1, ep: int = 1,
-                    etp: int = 1) -> Dict[str, str]:
+                    etp: int = 1, training: bool = True) -> Dict[str, str]:
     """Why a TP x PP x DP layout with EP x ETP (expert parallelism, expert tensor parallelism) cannot split a model of
     this shape (`shape_of`), by the layout key it breaks ("tensor", "pipeline", "expert", "expert_tensor"); empty
     where it fits. The one layout check, for the config loader (which names the file, line and key), the model builder
     and the conversion tools. A size below 1 is the callers' range check, not this.
 
     Experts (docs/moe.md): megatron lays each stage's TP x DP ranks out a second time, for the experts, as
-    ETP x EP x expert-DP (EP takes no ranks of its own), so EP x ETP must divide TP x DP, and EP the experts."""
+    ETP x EP x expert-DP (EP takes no ranks of its own), so EP x ETP must divide TP x DP, and EP the experts.
+    `training` False: a model built for its weights and passes in eval mode only (the conversion tools), which a
+    mixture of experts also has at TP > 1 and PP > 1."""
     heads, kv, layers = shape["num_attention_heads"], shape["num_key_value_heads"], shape["num_hidden_layers"]
     experts = shape.get("num_experts") or 0
     problems = {}
@@ -156,15 +158,14 @@ def layout_problems(shape: Dict[str, int], tp: int, pp: int, model: str, *, dp: 
             problems["expert_tensor"] = (f"ETP={etp} splits the experts of a mixture-of-experts model; {model} has "
                                          "none: leave parallel.expert_tensor at 1")
         return problems
-    # a mixture of experts: TP 1 and PP 1 so far (docs/moe.md)
-    if tp > 1 and "tensor" not in problems:
-        problems["tensor"] = (f"TP={tp} with the mixture of experts of {model} is not supported yet: megatron's "
-                              "MoE layer needs sequence parallelism at TP > 1, which is not set up here; use TP=1")
-    if pp > 1 and "pipeline" not in problems:
-        problems["pipeline"] = (f"PP={pp} with the mixture of experts of {model} is not supported yet: megatron's "
-                                "allgather token dispatcher (the one at EP=1) refuses the variable sequence lengths "
-                                "that pipeline stages exchange, and the routers' figures and routing replay are kept "
-                                "for one stage; use PP=1")
+    # a mixture of experts trains at TP 1 and PP 1 so far (docs/moe.md)
+    if training and tp > 1 and "tensor" not in problems:
+        problems["tensor"] = (f"TP={tp} with the mixture of experts of {model} is not supported yet in training: "
+                              "megatron's MoE layer trains at TP > 1 only with sequence parallelism, which is not set "
+                              "up here; use TP=1")
+    if training and pp > 1 and "pipeline" not in problems:
+        problems["pipeline"] = (f"PP={pp} with the mixture of experts of {model} is not supported yet in training: "
+                                "the routers' figures and routing replay are kept for one pipeline stage; use PP=1")
     if etp > 1:
         problems["expert_tensor"] = (f"ETP={etp} (tensor parallelism inside each expert) is not supported yet: only "
                                      "ETP=1 has been built and run here; spread the experts with parallel.expert")

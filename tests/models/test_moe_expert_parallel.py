@@ -76,6 +76,11 @@ def test_the_dispatcher_is_alltoall_at_ep_above_1_and_marks_the_experts():
     assert (one.moe_token_dispatcher_type, one.expert_model_parallel_size) == ("allgather", 1)
     assert (two.moe_token_dispatcher_type, two.expert_model_parallel_size, two.expert_tensor_parallel_size) == (
         "alltoall", 2, 1)
+    # pipeline stages exchange variable sequence lengths, which megatron's allgather dispatcher refuses (a ValueError
+    # building the config): alltoall there at EP 1 too (the conversion tools build MoE models at PP > 1)
+    for ep in (1, 2):
+        staged = transformer_config(arch, pipeline_parallel=2, expert_parallel=ep)
+        assert (staged.moe_token_dispatcher_type, staged.variable_seq_lengths) == ("alltoall", True)
 
 
 # ------------------------------------------------------------------------------------------------
