@@ -23,6 +23,9 @@ grad clipping asserts `torch.cuda.FloatTensor`  a CPU version of `clip_grad_by_t
 bf16 training: the mixed-precision optimizer   while its constructor runs, `Tensor.type()` names a
 sorts parameters by `param.type()`, CUDA names  CPU float tensor by its CUDA name
 only (`torch.cuda.BFloat16Tensor`)
+the MoE `alltoall` token dispatcher (EP > 1)    its stream attribute is a no-op stream, and its
+makes a CUDA stream when built, and copies its  split sizes become host arrays where its CUDA
+split sizes to host arrays on that stream       path copies them (no stream, no event)
 ==============================================  =================================================
 
 Every change is scoped to the megatron modules named here (except `current_device`, which megatron
@@ -91,6 +94,7 @@ def apply() -> None:
     _tied_embedding_sync_stays_on_cpu()
     _cpu_grad_clipping()
     _mixed_precision_optimizer_takes_cpu_params()
+    _alltoall_token_dispatcher_on_cpu()
 
 
 def import_megatron() -> types.ModuleType:
@@ -351,3 +355,28 @@ def _mixed_precision_optimizer_takes_cpu_params() -> None:
 
     _run_within(Float16OptimizerWithFloat16Params, "__init__", lambda: _tensor_method_replaced("type", _cuda_type_name),
                 "mixed-precision-optimizer->cpu-params")
+
+
+# --------------------------------------------------------------------------------------------
+# 8. The MoE `alltoall` token dispatcher (models/architectures.moe_config_settings: at EP > 1).
+#    `MoEAlltoAllTokenDispatcher.__init__` makes a class-wide `torch.cuda.Stream()` for its
+#    device-to-host copies, and `_maybe_dtoh_and_synchronize` copies the all-to-all's split sizes
+#    (input_splits, output_splits, output_splits_tp) to numpy arrays on that stream and waits on an
+#    event. On a CPU the stream is a no-op one and the split sizes, already host tensors (megatron's
+#    copy leaves them tensors there), become the numpy arrays its CUDA path hands the all-to-all.
+# --------------------------------------------------------------------------------------------
+def _alltoall_token_dispatcher_on_cpu() -> None:
+    from megatron.core.transformer.moe.token_dispatcher import MoEAlltoAllTokenDispatcher
+
+    MoEAlltoAllTokenDispatcher.cuda_dtoh_stream = _NoOpStream()  # __init__ makes a CUDA stream only while None
+
+    def _maybe_dtoh_and_synchronize(self: Any, point: str, tokens_per_expert: Any = None) -> Any:
+        if not self.drop_and_pad and point == self.cuda_dtoh_point:
+            for name in ("input_splits", "output_splits", "output_splits_tp"):
+                value = getattr(self, name)
+                if torch.is_tensor(value):
+                    setattr(self, name, value.numpy())
+        return tokens_per_expert
+
+    MoEAlltoAllTokenDispatcher._maybe_dtoh_and_synchronize = _maybe_dtoh_and_synchronize
+    _PATCHES.append("alltoall-token-dispatcher->cpu")

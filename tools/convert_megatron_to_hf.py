@@ -10,9 +10,12 @@ shard), the tokenizer files and generation_config.json when the checkpoint has t
 is removed; with tied embeddings no lm_head is written (the HF model ties it to embed_tokens).
 
 Memory: at TP=1, PP=1 (the default) one process holds the model once and one shard being written.
-With --tp/--pp the model is split over TP x PP processes (started by the tool when run plainly, see
-hacpo_megatron/checkpoint/local_world.py; torchrun's ranks otherwise) and tensors stream to rank 0 one at a
-time. Output goes to `<save>.partial` and is renamed when complete.
+With --tp/--pp the model is split over TP x PP processes, and with --ep (a mixture-of-experts model: Qwen3-MoE)
+each layer's experts over EP ranks, which are data-parallel replicas: TP x PP x DP processes, DP the fewest that EP
+divides TP x DP by (hacpo_megatron/checkpoint/tool_layout.py). The processes are started by the tool when run
+plainly (hacpo_megatron/checkpoint/local_world.py; torchrun's ranks otherwise) and tensors stream to rank 0 one at a
+time, each expert from the rank holding it. The checkpoint loads at any layout, whatever it was saved at.
+Output goes to `<save>.partial` and is renamed when complete.
 """
 from __future__ import annotations
 
@@ -34,14 +37,14 @@ from hacpo_megatron.checkpoint.hf_io import (  # noqa: E402
 )
 from hacpo_megatron.checkpoint.hf_mapping import iter_hf_tensors  # noqa: E402
 from hacpo_megatron.checkpoint.format import (  # noqa: E402
-    check_parallel_layout, checkpoint_tokenizer_dir, is_agent_checkpoint, read_checkpoint_hf_config,
-    read_checkpoint_metadata,
+    checkpoint_tokenizer_dir, is_agent_checkpoint, read_checkpoint_hf_config, read_checkpoint_metadata,
 )
 from hacpo_megatron.checkpoint.local_world import (  # noqa: E402
     WorkerError, ensure_distributed, finish, is_first_rank, run_collective, single_agent_parallel,
 )
 from hacpo_megatron.checkpoint.megatron_io import load_agent_checkpoint  # noqa: E402
 from hacpo_megatron.checkpoint.run_folder import find_agent_checkpoints  # noqa: E402
+from hacpo_megatron.checkpoint.tool_layout import ToolLayout, check_tool_layout  # noqa: E402
 from hacpo_megatron.models.architectures import read_architecture  # noqa: E402
 from hacpo_megatron.models.build import build_agent_model  # noqa: E402
 
@@ -49,23 +52,29 @@ PARTIAL_SUFFIX = ".partial"
 
 
 def convert_megatron_to_hf(load: str, save: str, *, max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
-                           tensor_parallel: int = 1, pipeline_parallel: int = 1) -> Dict[str, Path]:
+                           tensor_parallel: int = 1, pipeline_parallel: int = 1,
+                           expert_parallel: int = 1) -> Dict[str, Path]:
     """Export one agent (or every agent of a run's latest step); {agent name: HF folder}. Collective.
 
-    Called in a plain process (a world of one) with TP x PP > 1, it starts TP x PP processes itself.
+    Called in a plain process (a world of one) with more than one process to the layout, it starts them itself.
     """
     load_path, save_path = Path(load), Path(save)
+    layout = ToolLayout(tensor_parallel, pipeline_parallel, expert_parallel)
     # ---- checks before work ----
     checkpoints = find_agent_checkpoints(load_path)
-    for folder in checkpoints.values():
-        check_parallel_layout(read_architecture(read_checkpoint_hf_config(folder)), tensor_parallel, pipeline_parallel)
+    for name, folder in checkpoints.items():
+        try:
+            check_tool_layout(read_architecture(read_checkpoint_hf_config(folder)), layout)
+        except ValueError as error:  # a run's agents: which one
+            where = f"agent {name!r} ({folder}): " if len(checkpoints) > 1 else ""
+            raise ValueError(f"{where}{error}") from None
     check_empty_target(save_path)
-    return run_collective(_export, load_path, save_path, checkpoints, max_shard_bytes, tensor_parallel,
-                          pipeline_parallel, world_size=tensor_parallel * pipeline_parallel)
+    return run_collective(_export, load_path, save_path, checkpoints, max_shard_bytes, layout,
+                          world_size=layout.world_size)
 
 
 def _export(load_path: Path, save_path: Path, checkpoints: Dict[str, Path], max_shard_bytes: int,
-            tensor_parallel: int, pipeline_parallel: int) -> Dict[str, Path]:
+            layout: ToolLayout) -> Dict[str, Path]:
     """The export on one rank, after the checks."""
     ensure_distributed()
     partial = save_path.with_name(save_path.name + PARTIAL_SUFFIX)
@@ -78,8 +87,7 @@ def _export(load_path: Path, save_path: Path, checkpoints: Dict[str, Path], max_
     targets = {}
     for name, folder in checkpoints.items():
         target = partial if one_agent else partial / name
-        export_agent(folder, target, name=name, max_shard_bytes=max_shard_bytes,
-                     tensor_parallel=tensor_parallel, pipeline_parallel=pipeline_parallel)
+        export_agent(folder, target, name=name, max_shard_bytes=max_shard_bytes, layout=layout)
         targets[name] = save_path if one_agent else save_path / name
     if dist.get_rank() == 0:
         publish_folder(partial, save_path)
@@ -87,16 +95,16 @@ def _export(load_path: Path, save_path: Path, checkpoints: Dict[str, Path], max_
     return targets
 
 
-def export_agent(folder: Path, target: Path, *, name: str, max_shard_bytes: int,
-                 tensor_parallel: int, pipeline_parallel: int) -> None:
-    """Load one agent checkpoint at TP x PP and write its HF folder from global rank 0."""
+def export_agent(folder: Path, target: Path, *, name: str, max_shard_bytes: int, layout: ToolLayout) -> None:
+    """Load one agent checkpoint at `layout` and write its HF folder from global rank 0."""
     metadata = read_checkpoint_metadata(folder)
     hf_config = read_checkpoint_hf_config(folder)
-    parallel = single_agent_parallel(name, tensor_parallel, pipeline_parallel)
+    parallel = single_agent_parallel(name, layout.tensor, layout.pipeline, layout.expert)
     if parallel.is_member:
-        agent = build_agent_model(hf_config, parallel, params_dtype=getattr(torch, metadata.params_dtype))
+        agent = build_agent_model(hf_config, parallel, params_dtype=getattr(torch, metadata.params_dtype),
+                                  training=False)
         load_agent_checkpoint(folder, agent)
-        tensors = iter_hf_tensors(agent.model, hf_config, parallel)  # yields on rank 0 only
+        tensors = iter_hf_tensors(agent.model, hf_config, parallel)  # yields on rank 0 only (experts: sent once)
         if dist.get_rank() == 0:
             target.mkdir(parents=True, exist_ok=True)
             write_hf_weights(tensors, target, max_shard_bytes=max_shard_bytes)
@@ -121,10 +129,12 @@ def main(argv: Optional[list] = None) -> None:
     parser.add_argument("--max-shard-size", default="5GB", help="largest safetensors shard (e.g. 5GB, 500MB)")
     parser.add_argument("--tp", type=int, default=1, help="tensor parallel size to load at (memory per process)")
     parser.add_argument("--pp", type=int, default=1, help="pipeline parallel size to load at (memory per process)")
+    parser.add_argument("--ep", type=int, default=1, help="expert parallel size to load at (memory per process; a "
+                        "mixture-of-experts model: Qwen3-MoE)")
     args = parser.parse_args(argv)
     try:
         targets = convert_megatron_to_hf(args.load, args.save, max_shard_bytes=parse_size(args.max_shard_size),
-                                         tensor_parallel=args.tp, pipeline_parallel=args.pp)
+                                         tensor_parallel=args.tp, pipeline_parallel=args.pp, expert_parallel=args.ep)
     except (ValueError, FileExistsError, WorkerError) as error:
         sys.exit(f"convert_megatron_to_hf: error: {error}")
     if is_first_rank():

@@ -4,7 +4,7 @@ One agent's checkpoint folder:
 
     <agent>/
       metadata.json        this format's version, architecture, true and padded vocabulary, the TP/PP
-                           it was saved at, whether optimizer state is inside (written last)
+                           (and EP) it was saved at, whether optimizer state is inside (written last)
       hf_config.json       the Hugging Face config.json: the model can be rebuilt from the folder alone
       tokenizer/           the tokenizer files, when the model came with them
       dist_checkpoint/     megatron `dist_checkpointing` (torch_dist) files: the model under "model",
@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any, Dict, Optional, Union
 
 from hacpo_megatron.models.architectures import Architecture, read_architecture
-from hacpo_megatron.models.presets import layout_problems
 
 PathLike = Union[str, os.PathLike]
 
@@ -52,6 +51,7 @@ class CheckpointMetadata:
     agent_name: str = ""
     step: Optional[int] = None
     params_dtype: str = "float32"
+    expert_parallel: int = 1  # a mixture of experts' EP at the save (loads at any other, as TP and PP)
     format: str = FORMAT_NAME
     format_version: int = FORMAT_VERSION
 
@@ -104,15 +104,6 @@ def check_compatible(folder: Path, metadata: CheckpointMetadata, arch: Architect
         raise CheckpointError(
             f"{folder / METADATA_FILE}: holds a {metadata.hf_architecture} with vocabulary {metadata.vocab_size}, "
             f"the model is a {arch.hf_architecture} with vocabulary {arch.vocab_size}")
-
-
-def check_parallel_layout(arch: Architecture, tensor_parallel: int, pipeline_parallel: int) -> None:
-    """ValueError unless TP divides the attention and key/value heads and PP divides the layers."""
-    if tensor_parallel < 1 or pipeline_parallel < 1:
-        raise ValueError(f"TP and PP must be >= 1, got TP={tensor_parallel}, PP={pipeline_parallel}")
-    problems = layout_problems(arch.layout_shape, tensor_parallel, pipeline_parallel, arch.hf_architecture)
-    if problems:
-        raise ValueError("; ".join(problems.values()))
 
 
 def architecture_of_checkpoint(folder: PathLike) -> Architecture:

@@ -29,7 +29,14 @@ and, per expert e, a GATED fc1 and a ROW fc2 as the dense MLP has them (`mlp.exp
 <-> `mlp.experts.local_experts.{e}.linear_fc1/linear_fc2`: megatron's SequentialMLP). These are the names of HF
 checkpoints (what `save_pretrained` writes, one tensor per expert); transformers 5 holds the experts fused in memory
 (`mlp.experts.gate_up_proj` [E, 2I, H], `mlp.experts.down_proj` [E, H, I]), and loading takes that form too
-(checkpoint/hf_experts.py). Expert parallelism is 1 so far: local expert e is global expert e.
+(checkpoint/hf_experts.py).
+
+Expert parallelism (EP): EP rank r holds each layer's experts [r * E / EP, (r + 1) * E / EP) as its local experts
+0 .. E / EP - 1 (megatron's MoE layer keeps their global indices in `local_expert_indices`, which `local_tensors`
+reads). Loading maps each local expert to its global HF tensors; exporting takes each expert from its owner (the EP
+rank that holds it, expert-data-parallel replica 0) and every other tensor from data-parallel replica 0, so every
+tensor is sent once. An expert is split over the experts' own TP (ETP, its group `expt_tp`) where the dense weights
+are split over TP.
 """
 from __future__ import annotations
 
@@ -60,6 +67,7 @@ class TensorMap:
     megatron: Tuple[str, ...]  # alternative names (local spec first, TE spec second); one exists
     hf: Tuple[str, ...]  # the HF tensors that make up the megatron tensor, in order
     kind: Kind
+    expert: Optional[int] = None  # an MoE expert's weight: its global index (its TP is the experts', ETP)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -81,8 +89,9 @@ def _pre_norm(megatron: str, fused_te_name: str, hf: str) -> TensorMap:
     return TensorMap((f"{megatron}.weight", fused_te_name), (f"{hf}.weight",), Kind.REPLICATED)
 
 
-def layer_tensor_maps(arch: Architecture) -> List[TensorMap]:
-    """One decoder layer; names relative to `decoder.layers.{i}.` and `model.layers.{i}.`."""
+def layer_tensor_maps(arch: Architecture, experts: Optional[Sequence[int]] = None) -> List[TensorMap]:
+    """One decoder layer; names relative to `decoder.layers.{i}.` and `model.layers.{i}.`. `experts`: the global
+    indices of the layer's local experts (an EP rank's share); None: all of them, in order (EP 1)."""
     if arch.family == "gemma3":
         return _gemma3_layer_tensor_maps()
     maps = [
@@ -91,7 +100,8 @@ def layer_tensor_maps(arch: Architecture) -> List[TensorMap]:
         _O_PROJ,
         # HF Llama/Qwen call the pre-MLP norm post_attention_layernorm
         _pre_norm("pre_mlp_layernorm", "mlp.linear_fc1.layer_norm_weight", "post_attention_layernorm"),
-        *(_moe_tensor_maps(arch.moe.num_experts) if arch.moe is not None else [_FC1, _FC2]),
+        *(_moe_tensor_maps(range(arch.moe.num_experts) if experts is None else experts)
+          if arch.moe is not None else [_FC1, _FC2]),
     ]
     if arch.qkv_bias:  # Qwen2
         maps.append(TensorMap(("self_attention.linear_qkv.bias",),
@@ -101,16 +111,17 @@ def layer_tensor_maps(arch: Architecture) -> List[TensorMap]:
     return maps
 
 
-def _moe_tensor_maps(num_experts: int) -> List[TensorMap]:
-    """A Qwen3-MoE layer's router and experts (expert parallelism 1: megatron's local expert e is HF's expert e).
-    Each expert's fc1 is [gate; up] and its fc2 the down projection, split over TP as the dense MLP's are."""
+def _moe_tensor_maps(experts: Sequence[int]) -> List[TensorMap]:
+    """A Qwen3-MoE layer's router and experts: megatron's local expert i is HF's expert `experts[i]` (all of them at
+    expert parallelism 1; an EP rank's share otherwise). Each expert's fc1 is [gate; up] and its fc2 the down
+    projection, split over the experts' TP as the dense MLP's are over TP."""
     maps = [TensorMap(("mlp.router.weight",), ("mlp.gate.weight",), Kind.REPLICATED)]
-    for e in range(num_experts):
+    for i, e in enumerate(experts):
         maps += [
-            TensorMap((f"mlp.experts.local_experts.{e}.linear_fc1.weight",),
-                      (f"mlp.experts.{e}.gate_proj.weight", f"mlp.experts.{e}.up_proj.weight"), Kind.GATED),
-            TensorMap((f"mlp.experts.local_experts.{e}.linear_fc2.weight",), (f"mlp.experts.{e}.down_proj.weight",),
-                      Kind.ROW),
+            TensorMap((f"mlp.experts.local_experts.{i}.linear_fc1.weight",),
+                      (f"mlp.experts.{e}.gate_proj.weight", f"mlp.experts.{e}.up_proj.weight"), Kind.GATED, expert=e),
+            TensorMap((f"mlp.experts.local_experts.{i}.linear_fc2.weight",), (f"mlp.experts.{e}.down_proj.weight",),
+                      Kind.ROW, expert=e),
         ]
     return maps
 
@@ -225,10 +236,11 @@ class LocalTensor:
     hf_names: Tuple[str, ...]
     kind: Kind
     parameter: torch.nn.Parameter
+    expert: Optional[int] = None  # an MoE expert's weight: its global index
 
 
 def local_tensors(model: Any, arch: Architecture) -> List[LocalTensor]:
-    """Every parameter of this rank's stage with its HF source, in HF order."""
+    """Every parameter of this rank's stage with its HF source, in HF order (an EP rank: its own experts)."""
     params = dict(model.named_parameters())
     found: List[LocalTensor] = []
 
@@ -236,7 +248,7 @@ def local_tensors(model: Any, arch: Architecture) -> List[LocalTensor]:
         for name in tensor_map.megatron:
             if prefix + name in params:
                 found.append(LocalTensor(prefix + name, tuple(hf_name(n) for n in tensor_map.hf),
-                                         tensor_map.kind, params[prefix + name]))
+                                         tensor_map.kind, params[prefix + name], tensor_map.expert))
                 return
         raise KeyError(f"none of {[prefix + n for n in tensor_map.megatron]} in the model")
 
@@ -244,7 +256,9 @@ def local_tensors(model: Any, arch: Architecture) -> List[LocalTensor]:
         add(EMBEDDING, "", lambda n: n)
     for local_index, layer in enumerate(model.decoder.layers):
         global_index = layer.layer_number - 1
-        for tensor_map in layer_tensor_maps(arch):
+        # megatron's MoE layer: the global indices of this EP rank's experts
+        experts = getattr(getattr(layer, "mlp", None), "local_expert_indices", None) if arch.moe else None
+        for tensor_map in layer_tensor_maps(arch, experts):
             add(tensor_map, f"decoder.layers.{local_index}.", lambda n, i=global_index: _hf_layer(i, n))
     if "decoder.final_layernorm.weight" in params:
         add(FINAL_NORM, "", lambda n: n)
@@ -269,7 +283,8 @@ def load_hf_state_dict_into_model(
 
     Not collective: every member rank reads what it needs from `hf_state_dict` (e.g. a lazily
     loaded safetensors mapping). Padded vocabulary rows become zeros. Experts may come one tensor each (a
-    checkpoint) or fused (a transformers model's state_dict, e.g. the supervised warm-up's): `PerExpertView`.
+    checkpoint) or fused (a transformers model's state_dict, e.g. the supervised warm-up's): `PerExpertView`; an
+    EP rank takes its own experts (global expert r * E / EP + i into its local expert i), each its ETP shard.
     """
     arch = read_architecture(hf_config)
     padded = padded_vocab_size(arch.vocab_size, agent_parallel.tp_size)
@@ -280,7 +295,10 @@ def load_hf_state_dict_into_model(
         if missing:
             raise KeyError(f"{tensor.megatron_name} needs {missing}, not in the HF state dict")
         full = to_megatron(tensor.kind, [hf_state_dict[n] for n in tensor.hf_names], arch, padded)
-        local = shard(tensor.kind, full, agent_parallel.tp_rank, agent_parallel.tp_size)
+        if tensor.expert is not None:
+            local = shard(tensor.kind, full, agent_parallel.etp_rank, agent_parallel.etp_size)
+        else:
+            local = shard(tensor.kind, full, agent_parallel.tp_rank, agent_parallel.tp_size)
         if local.shape != tensor.parameter.shape:
             raise ValueError(f"{tensor.megatron_name}: HF gives {tuple(local.shape)} for this rank, "
                              f"the model has {tuple(tensor.parameter.shape)}")
@@ -290,19 +308,23 @@ def load_hf_state_dict_into_model(
 # ------------------------------------------------------------------------------------------------
 # Export: this agent's shards -> full HF tensors on one rank, one tensor at a time
 # ------------------------------------------------------------------------------------------------
-def _hf_tensor_owners(arch: Architecture, agent_parallel: AgentParallel) -> List[Tuple[str, int]]:
-    """Every megatron tensor as (HF key of its first tensor, owning pipeline stage), in HF order.
+def _hf_tensor_owners(arch: Architecture, agent_parallel: AgentParallel) -> List[Tuple[str, int, Optional[int]]]:
+    """Every megatron tensor as (HF key of its first tensor, owning pipeline stage, owning EP rank: None for a tensor
+    every EP rank holds), in HF order.
 
-    Known on every rank without communication: layers are split evenly over stages.
+    Known on every rank without communication: layers are split evenly over stages, each layer's experts evenly over
+    EP ranks (EP rank r holds experts [r * E / EP, (r + 1) * E / EP), as megatron's MoE layer lays them out).
     """
     layers_per_stage = arch.num_layers // agent_parallel.pp_size
-    owners = [(EMBEDDING.hf[0], 0)]
+    per_rank = arch.moe.num_experts // agent_parallel.ep_size if arch.moe is not None else 0
+    owners: List[Tuple[str, int, Optional[int]]] = [(EMBEDDING.hf[0], 0, None)]
     for i in range(arch.num_layers):
         for tensor_map in layer_tensor_maps(arch):
-            owners.append((_hf_layer(i, tensor_map.hf[0]), i // layers_per_stage))
-    owners.append((FINAL_NORM.hf[0], agent_parallel.pp_size - 1))
+            ep_rank = None if tensor_map.expert is None else tensor_map.expert // per_rank
+            owners.append((_hf_layer(i, tensor_map.hf[0]), i // layers_per_stage, ep_rank))
+    owners.append((FINAL_NORM.hf[0], agent_parallel.pp_size - 1, None))
     if not arch.tie_word_embeddings:
-        owners.append(("lm_head.weight", agent_parallel.pp_size - 1))
+        owners.append(("lm_head.weight", agent_parallel.pp_size - 1, None))
     return owners
 
 
@@ -317,29 +339,39 @@ def iter_hf_tensors(
 ) -> Iterator[Tuple[str, torch.Tensor]]:
     """Yield (HF name, full tensor) on `dst_rank` (default: the agent's first rank), in HF order.
 
-    Collective over the agent's data-parallel replica 0: call on every member rank and exhaust the
-    iterator (other ranks yield nothing). Per tensor: the owning stage all-gathers its TP shards,
-    its TP rank 0 sends the full tensor to `dst_rank`; at most one full tensor is in flight, so this
-    also streams weights to a rollout engine. `tensor_of` picks what to export (`p.grad` exports
-    gradients).
+    Collective over the agent's data-parallel replica 0 and, at expert parallelism > 1, over the EP ranks of
+    expert-data-parallel replica 0 (the owners of the experts, other data-parallel replicas): call on every member
+    rank and exhaust the iterator (other ranks yield nothing). Per tensor: the owning stage all-gathers its TP
+    shards (an expert: its owner's ETP shards), its (E)TP rank 0 sends the full tensor to `dst_rank`; at most one
+    full tensor is in flight, so this also streams weights to a rollout engine. `tensor_of` picks what to export
+    (`p.grad` exports gradients).
     """
     arch = read_architecture(hf_config)
     if dst_rank is None:
         dst_rank = agent_parallel.ranks[0]
-    if agent_parallel.dp_rank != 0:
+    holds_dense, holds_experts = agent_parallel.dp_rank == 0, agent_parallel.expert_dp_rank == 0
+    if not holds_dense and not holds_experts and agent_parallel.rank != dst_rank:
         return
     # Keyed by HF name. A tied last stage (PP > 1) keys its output-layer copy under the embedding's
     # name too; the owner table sends that name to stage 0, so the copy is never exported.
     mine = {t.hf_names[0]: t for t in local_tensors(model, arch)}
-    for first_hf_name, stage in _hf_tensor_owners(arch, agent_parallel):
-        owner = agent_parallel.global_rank_of(tp_rank=0, dp_rank=0, pp_rank=stage)
+    for first_hf_name, stage, ep_rank in _hf_tensor_owners(arch, agent_parallel):
+        if ep_rank is None:  # every EP rank holds it: data-parallel replica 0's TP ranks of the stage
+            owner = agent_parallel.global_rank_of(tp_rank=0, dp_rank=0, pp_rank=stage)
+            takes_part = holds_dense and agent_parallel.pp_rank == stage
+            group, size = agent_parallel.tp_group if takes_part else None, agent_parallel.tp_size
+        else:  # an expert: its EP rank's ETP ranks of expert-data-parallel replica 0
+            owner = agent_parallel.expert_global_rank_of(etp_rank=0, ep_rank=ep_rank, expert_dp_rank=0,
+                                                         pp_rank=stage)
+            takes_part = holds_experts and agent_parallel.pp_rank == stage and agent_parallel.ep_rank == ep_rank
+            group, size = agent_parallel.expert_tp_group if takes_part else None, agent_parallel.etp_size
         full: Optional[torch.Tensor] = None
         kind: Optional[Kind] = None
         hf_names: Tuple[str, ...] = ()
-        if agent_parallel.pp_rank == stage:
+        if takes_part:
             local = mine[first_hf_name]
             kind, hf_names = local.kind, local.hf_names
-            full = _gather_tp(local.kind, tensor_of(local.parameter), agent_parallel)
+            full = _gather_tp(local.kind, tensor_of(local.parameter), group, size)
         if dst_rank != owner:
             full, kind, hf_names = _send_to(dst_rank, owner, full, kind, hf_names, agent_parallel)
         if agent_parallel.rank == dst_rank:
@@ -353,11 +385,12 @@ def export_hf_state_dict(model: Any, hf_config: HFConfig, agent_parallel: AgentP
     return dict(iter_hf_tensors(model, hf_config, agent_parallel, **kwargs))
 
 
-def _gather_tp(kind: Kind, local: torch.Tensor, agent_parallel: AgentParallel) -> torch.Tensor:
-    if kind is Kind.REPLICATED or agent_parallel.tp_size == 1:
+def _gather_tp(kind: Kind, local: torch.Tensor, group: Optional[dist.ProcessGroup], size: int) -> torch.Tensor:
+    """The full tensor from its shards over `group` (TP, or an expert's ETP) of `size` ranks."""
+    if kind is Kind.REPLICATED or size == 1:
         return local
-    parts = [torch.empty_like(local) for _ in range(agent_parallel.tp_size)]
-    dist.all_gather(parts, local.contiguous(), group=agent_parallel.tp_group)
+    parts = [torch.empty_like(local) for _ in range(size)]
+    dist.all_gather(parts, local.contiguous(), group=group)
     return unshard(kind, parts)
 
 

@@ -1,8 +1,9 @@
 """Run a command-line tool's collective function in a world of N processes, from one plain `python`.
 
 Megatron's distributed checkpoints do not depend on the layout that wrote them: converting or
-comparing at TP x PP needs TP x PP processes only while the tool runs. `run_collective(fn, ...,
-world_size=N)` gives a tool those processes whichever way it was started:
+comparing at a layout (TP x PP, and the replicas that EP needs: checkpoint/tool_layout.py) needs its
+processes only while the tool runs. `run_collective(fn, ..., world_size=N)` gives a tool those processes
+whichever way it was started:
 
 * under torchrun (or any launcher that set up a world of more than one process), or when N == 1:
   calls `fn` right here, on this rank, as before; the world must then have at least N ranks;
@@ -43,7 +44,8 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import torch
 import torch.distributed as dist
 
-from hacpo_megatron.config.schema import AgentConfig, ParallelConfig
+from hacpo_megatron.checkpoint.tool_layout import ToolLayout
+from hacpo_megatron.config.schema import AgentConfig
 from hacpo_megatron.environment import environment_set
 from hacpo_megatron.parallel.groups import AgentParallel, create_agent_groups, init_distributed
 
@@ -113,18 +115,19 @@ def ensure_distributed() -> None:
     init_distributed()
 
 
-def single_agent_parallel(name: str, tensor_parallel: int, pipeline_parallel: int) -> AgentParallel:
-    """Process groups for one agent on global ranks 0 .. TP*PP-1. Collective over the world.
+def single_agent_parallel(name: str, tensor_parallel: int, pipeline_parallel: int,
+                          expert_parallel: int = 1) -> AgentParallel:
+    """Process groups for one agent on global ranks 0 .. TP*PP*DP-1 (DP 1, or the replicas EP needs:
+    checkpoint/tool_layout.py). Collective over the world.
 
-    Ranks beyond TP*PP are not members; they still take part in saves (checkpoint/megatron_io.py).
+    Ranks beyond those are not members; they still take part in saves (checkpoint/megatron_io.py).
     """
-    needed = tensor_parallel * pipeline_parallel
+    layout = ToolLayout(tensor_parallel, pipeline_parallel, expert_parallel)
+    needed = layout.world_size
     if dist.get_world_size() < needed:
-        raise ValueError(f"TP={tensor_parallel} x PP={pipeline_parallel} needs {needed} processes, the world has "
-                         f"{dist.get_world_size()}: run under `torchrun --nproc_per_node {needed}`")
-    config = AgentConfig(name=name, parallel=ParallelConfig(tensor=tensor_parallel, pipeline=pipeline_parallel,
-                                                            first_rank=0))
-    return create_agent_groups([config])[0]
+        raise ValueError(f"{layout} needs {needed} processes, the world has {dist.get_world_size()}: run under "
+                         f"`torchrun --nproc_per_node {needed}`")
+    return create_agent_groups([AgentConfig(name=name, parallel=layout.parallel_config())])[0]
 
 
 # ------------------------------------------------------------------------------------------------

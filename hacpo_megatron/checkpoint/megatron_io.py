@@ -191,6 +191,7 @@ def checkpoint_metadata_of(agent: AgentModel, *, has_optimizer: bool, step: Opti
         padded_vocab_size=agent.padded_vocab_size,
         tensor_parallel=agent.parallel.tp_size,
         pipeline_parallel=agent.parallel.pp_size,
+        expert_parallel=agent.parallel.ep_size,
         has_optimizer=has_optimizer,
         agent_name=agent.parallel.name,
         step=step,

@@ -390,7 +390,7 @@ def _validate_agent(agent: AgentConfig, path: Path, where: _Where, errors: List[
     _check(bool(agent.name) and agent.name.replace("-", "_").replace(".", "_").isidentifier(), errors, where,
            path + ("name",), f"needs a name of letters, digits, '-', '_' or '.', got {agent.name!r}")
     p = agent.parallel
-    for key in ("tensor", "pipeline", "data"):
+    for key in ("tensor", "pipeline", "data", "expert", "expert_tensor"):
         _check(getattr(p, key) >= 1, errors, where, path + ("parallel", key), "must be >= 1")
     _check(p.first_rank is None or p.first_rank >= 0, errors, where, path + ("parallel", "first_rank"), "must be >= 0")
     if agent.lr is not None:
@@ -417,7 +417,8 @@ def _validate_agent(agent: AgentConfig, path: Path, where: _Where, errors: List[
     except (ValueError, KeyError, OSError) as exc:
         errors.append(f"{where(path + (given_as,))}: {exc}")
         return
-    for key, problem in presets.layout_problems(shape, p.tensor, p.pipeline, agent.model).items():
+    for key, problem in presets.layout_problems(shape, p.tensor, p.pipeline, agent.model, dp=p.data, ep=p.expert,
+                                                etp=p.expert_tensor).items():
         errors.append(f"{where(path + ('parallel', key))}: {problem}")
     if not shape.get("num_experts"):
         for key, default in dataclasses.asdict(MoEConfig()).items():

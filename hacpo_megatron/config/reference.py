@@ -38,7 +38,8 @@ NOTES: Dict[str, str] = {
                        "generates, scores and makes M updates per learner.",
     "agents[].name": "The agent's name: its folder in checkpoints, its prefix in metrics (<agent>/<metric>), and "
                      "how --set addresses it (--set agents.NAME.lr=...). Letters, digits, '-', '_', '.'.",
-    "agents[].parallel": "The agent's own Megatron layout (tensor x pipeline x data parallel ranks).",
+    "agents[].parallel": "The agent's own Megatron layout (tensor x pipeline x data parallel ranks; a mixture of "
+                         "experts' experts also split over expert-parallel ranks taken from those).",
     "agents[].parallel.tensor": "Tensor-parallel size; must divide the attention and key/value heads.",
     "agents[].parallel.pipeline": "Pipeline-parallel size; must divide the layers.",
     "agents[].parallel.data": "Data-parallel size.",

@@ -32,6 +32,13 @@ class ParallelConfig:
     tensor: int = 1
     pipeline: int = 1
     data: int = 1
+    # Expert parallelism of a mixture-of-experts model (docs/moe.md): each layer's experts split over EP ranks. It takes
+    # no ranks of its own: megatron lays EP x expert_tensor over each pipeline stage's tensor x data ranks, which it
+    # must divide, and EP must divide the experts. 1: every rank holds every expert; a dense model's agent leaves it 1
+    expert: int = 1
+    # Tensor parallelism inside each expert (megatron's expert_tensor_parallel_size): only 1 so far, more is refused
+    # (docs/moe.md)
+    expert_tensor: int = 1
     # First global rank of this agent's ranks. None: agents are laid out one after another.
     # Agents given overlapping ranks time-share those devices.
     first_rank: Optional[int] = None

@@ -305,10 +305,13 @@ def transformer_config(
     *,
     tensor_parallel: int = 1,
     pipeline_parallel: int = 1,
+    expert_parallel: int = 1,
+    expert_tensor_parallel: Optional[int] = None,
     params_dtype: Optional[torch.dtype] = None,
     **overrides: Any,
 ) -> "megatron.core.transformer.TransformerConfig":  # noqa: F821
-    """The megatron `TransformerConfig` of `arch` for one TP x PP layout.
+    """The megatron `TransformerConfig` of `arch` for one TP x PP layout (a mixture of experts: and its EP x ETP;
+    ETP None: megatron's default, TP).
 
     `pipeline_model_parallel_size` must be set here: with the default (1) every stage builds all the
     layers. Dropout is off (RL log-prob ratios must be deterministic). On CPU: fp32 and CPU
@@ -340,6 +343,10 @@ def transformer_config(
         attention_dropout=0.0,
         tensor_model_parallel_size=tensor_parallel,
         pipeline_model_parallel_size=pipeline_parallel,
+        # the experts' layout (parallel/groups.py: the expert grid); EP > 1 marks the experts' weights as reduced over
+        # the expert-data-parallel group (megatron's `allreduce = False`), so DDP and the optimizer treat them apart
+        expert_model_parallel_size=expert_parallel,
+        expert_tensor_parallel_size=expert_tensor_parallel,
         sequence_parallel=False,
         # Micro-batches of different [seq, batch] shapes: pipeline stages exchange shapes first.
         variable_seq_lengths=pipeline_parallel > 1,
@@ -363,7 +370,8 @@ def transformer_config(
     if arch.family == "gemma3":
         settings.update(_gemma3_config_settings(arch))
     if arch.moe is not None:
-        settings.update(moe_config_settings(arch.moe))
+        settings.update(moe_config_settings(arch.moe, expert_parallel=expert_parallel,
+                                            pipeline_parallel=pipeline_parallel))
     settings.update(overrides)
     return TransformerConfig(**settings)
 
@@ -385,12 +393,19 @@ def _gemma3_config_settings(arch: Architecture) -> Dict[str, Any]:
     )
 
 
-def moe_config_settings(moe: MoE) -> Dict[str, Any]:
+def moe_config_settings(moe: MoE, *, expert_parallel: int = 1, pipeline_parallel: int = 1) -> Dict[str, Any]:
     """megatron's MoE settings that compute what transformers' Qwen3-MoE block computes (the class `MoE` says how
     the two routers' weights correspond). Dropless: no capacity factor, so no token is dropped and a token's output
-    does not depend on the other tokens of its micro-batch (how rows are packed). The `allgather` dispatcher: at
-    expert parallelism 1 it only permutes tokens locally (megatron refuses it with `variable_seq_lengths`, i.e.
-    PP > 1: presets.layout_problems)."""
+    does not depend on the other tokens of its micro-batch (how rows are packed).
+
+    The token dispatcher: at expert parallelism 1 and PP 1 `allgather`, which only permutes tokens locally (megatron
+    refuses it with `variable_seq_lengths`, i.e. PP > 1: there, as at EP > 1, `alltoall`, which at EP 1 exchanges
+    nothing). At EP > 1 `alltoall`: each EP rank sends every token to the ranks of its experts and gets the outputs
+    back, in any numbers (megatron's all-to-all with split sizes). The allgather one would gather every EP rank's
+    hidden states into one tensor, which needs the same token count on every EP rank, and EP ranks are data-parallel
+    replicas whose micro-batches differ. Either way the EP ranks run their forward and backward passes in step
+    (models/logprobs.py: `in_step_with_expert_peers`). On a CPU the alltoall dispatcher runs with megatron_cpu's
+    shim; each token's experts compute the same numbers either way."""
     return dict(
         num_moe_experts=moe.num_experts,
         moe_router_topk=moe.top_k,
@@ -398,7 +413,7 @@ def moe_config_settings(moe: MoE) -> Dict[str, Any]:
         moe_router_score_function="softmax",
         moe_router_pre_softmax=not moe.norm_topk_prob,  # softmax over all, then top-k: no renormalisation
         moe_router_topk_scaling_factor=None,
-        moe_token_dispatcher_type="allgather",
+        moe_token_dispatcher_type="allgather" if expert_parallel == 1 and pipeline_parallel == 1 else "alltoall",
         moe_expert_capacity_factor=None,  # dropless
         moe_pad_expert_input_to_capacity=False,
         # megatron's own load-balancing loss is off: the trainer adds it per model (models/moe_router.py), weighted by

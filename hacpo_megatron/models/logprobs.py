@@ -28,7 +28,7 @@ import torch.distributed as dist
 from hacpo_megatron import megatron_cpu
 from hacpo_megatron.models.attention import attention_over
 from hacpo_megatron.models.build import AgentModel
-from hacpo_megatron.models.packing import PackedBatch, PromptResponse, packed_micro_batches
+from hacpo_megatron.models.packing import PackedBatch, PromptResponse, filler_micro_batch, packed_micro_batches
 from hacpo_megatron.parallel.groups import collective_device
 
 
@@ -141,6 +141,34 @@ class TargetLogProb(torch.autograd.Function):
 
 
 # ------------------------------------------------------------------------------------------------
+# Expert parallelism: every EP rank runs as many micro-batches as its peers
+# ------------------------------------------------------------------------------------------------
+def expert_exchange_group(agent: AgentModel) -> Optional[dist.ProcessGroup]:
+    """The ranks whose MoE layers exchange tokens with this rank's in every forward and backward pass (megatron's
+    tp_ep group: EP x ETP ranks) where they reach beyond this rank's data-parallel replica; None where they do not (a
+    dense model; experts at EP 1 and ETP = TP)."""
+    parallel = agent.parallel
+    if agent.arch.moe is None or (parallel.ep_size == 1 and parallel.etp_size == parallel.tp_size):
+        return None
+    return parallel.pg_collection.tp_ep
+
+
+def in_step_with_expert_peers(agent: AgentModel, micro_batches: Sequence[PackedBatch]) -> List[PackedBatch]:
+    """`micro_batches`, then as many filler micro-batches as make this rank run as many as the most any rank of its
+    expert-exchange group runs (`expert_exchange_group`). At EP > 1 every MoE layer's forward and backward pass is an
+    all-to-all over those ranks, which are data-parallel replicas: their shares of a pass or of an update may differ
+    in micro-batches (rows, a token budget), or be empty. Collective over that group (the max of one number); the
+    list as it is where there is no such group."""
+    micro_batches = list(micro_batches)
+    group = expert_exchange_group(agent)
+    if group is None:
+        return micro_batches
+    count = torch.tensor([len(micro_batches)], dtype=torch.long, device=collective_device())
+    dist.all_reduce(count, op=dist.ReduceOp.MAX, group=group)
+    return micro_batches + [filler_micro_batch() for _ in range(int(count.item()) - len(micro_batches))]
+
+
+# ------------------------------------------------------------------------------------------------
 # Results
 # ------------------------------------------------------------------------------------------------
 @dataclass
@@ -189,6 +217,8 @@ def make_forward_step(agent: AgentModel, *, temperature: float = 1.0,
             response_logits.squeeze(1), micro_batch.targets.to(response_logits.device), temperature=temperature,
             vocab_size=agent.vocab_size, tp_group=tp_group,
         )
+        if micro_batch.filler and loss_fn is not None:  # a backward pass of zeros, in step with the EP peers
+            return token_logprobs.sum() * 0.0, torch.zeros((), dtype=torch.int), {}
         if loss_fn is not None:
             return loss_fn(token_logprobs, micro_batch)
         zero = torch.zeros((), device=response_logits.device)
@@ -202,8 +232,8 @@ def make_forward_step(agent: AgentModel, *, temperature: float = 1.0,
             raise ValueError(f"{agent.parallel.name}: shared-prompt or packed rows need the project's core attention "
                              "(megatron's local layers, unfused RoPE); Transformer Engine's takes one sequence a row")
         # MoE: megatron's padding mask for the routers (True: padding), which the load-balancing loss leaves out
-        # (models/moe_router.py); routing itself is per token either way
-        padding = dict(padding_mask=layout.document < 0) if moe else {}
+        # (models/moe_router.py); routing itself is per token either way. A filler is padding throughout
+        padding = dict(padding_mask=(layout.document < 0) | micro_batch.filler) if moe else {}
         replaying = (route_replay.applied(micro_batch, record=record_routes) if route_replay is not None
                      else nullcontext())
         with rotary_at_positions(model, None if layout.plain else layout.position), \
@@ -266,14 +296,15 @@ def _unwrap(model: Any) -> Any:
 
 def run_schedule(agent: AgentModel, micro_batches: List[PackedBatch], forward_step: Callable[..., Any],
                  *, forward_only: bool) -> List[Any]:
-    """Run megatron's pipeline schedule over `micro_batches`; the loss_func results on the last stage."""
+    """Run megatron's pipeline schedule over `micro_batches`; the loss_func results on the last stage, those of filler
+    micro-batches (`in_step_with_expert_peers`) left out."""
     megatron_cpu.apply()
     from megatron.core.pipeline_parallel import get_forward_backward_func
     from megatron.core.pipeline_parallel.p2p_communication import P2PCommunicator
 
     parallel = agent.parallel
     schedule = get_forward_backward_func(pp_size=parallel.pp_size, vp_size=None)
-    return schedule(
+    results = schedule(
         forward_step_func=forward_step,
         data_iterator=iter(micro_batches),
         model=[agent.model],
@@ -285,6 +316,10 @@ def run_schedule(agent: AgentModel, micro_batches: List[PackedBatch], forward_st
         p2p_communicator=P2PCommunicator(pp_group=parallel.pp_group, config=agent.config),
         pg_collection=parallel.pg_collection,
     )
+    fillers = [getattr(mb, "filler", False) for mb in micro_batches]  # a tool's own micro-batches have none
+    if not any(fillers):
+        return results
+    return [result for result, filler in zip(results, fillers) if not filler]  # one result per micro-batch
 
 
 @torch.no_grad()
@@ -309,13 +344,20 @@ def compute_sequence_logprobs(
 
     `route_replay` (an MoE model's RouteReplay): the sequences it holds routes of are routed as those say, the others
     live; the result's `routes` then holds every sequence's routes as this pass took them (at PP 1).
+
+    At expert parallelism > 1 also collective over the EP ranks, which are data-parallel replicas: each runs as many
+    micro-batches as the most any of them runs (`in_step_with_expert_peers`), with no sequences too.
     """
-    if not sequences:
-        empty = torch.zeros(0, 0)
-        return SequenceLogProbs(empty, empty.bool(), torch.zeros(0), torch.zeros(0, dtype=torch.long))
     micro_batches = packed_micro_batches(sequences, max_sequences=max_sequences_per_micro_batch,
                                          max_tokens=max_tokens_per_micro_batch, share_prompts=share_prompts,
-                                         pad_id=pad_id)
+                                         pad_id=pad_id) if sequences else []
+    in_step = in_step_with_expert_peers(agent, micro_batches)  # fillers after this rank's own micro-batches
+    if not sequences:
+        if in_step:
+            _run_forward_only(agent, in_step, make_forward_step(agent, temperature=temperature))
+        empty = torch.zeros(0, 0)
+        return SequenceLogProbs(empty, empty.bool(), torch.zeros(0), torch.zeros(0, dtype=torch.long),
+                                routes=[] if route_replay is not None else None)  # no sequence, no routes
     if route_replay is not None:
         if agent.parallel.pp_size > 1:
             raise ValueError("routing replay runs at pipeline parallelism 1 (MoE agents do)")
@@ -323,15 +365,9 @@ def compute_sequence_logprobs(
             mb.routes = route_replay.layout(mb, sequences)
     lengths = torch.tensor([len(r) for _, r in sequences], dtype=torch.long)
     max_response = max(1, int(lengths.max()))
-    was_training = agent.model.training
-    agent.model.eval()
-    try:
-        results = run_schedule(agent, micro_batches, make_forward_step(agent, temperature=temperature,
-                                                                       route_replay=route_replay,
-                                                                       record_routes=route_replay is not None),
-                               forward_only=True)
-    finally:
-        agent.model.train(was_training)
+    results = _run_forward_only(agent, in_step, make_forward_step(agent, temperature=temperature,
+                                                                  route_replay=route_replay,
+                                                                  record_routes=route_replay is not None))
 
     token_logprobs = torch.zeros(len(sequences), max_response, dtype=torch.float32)
     if agent.parallel.is_last_stage:
@@ -346,6 +382,17 @@ def compute_sequence_logprobs(
             for i, route in route_replay.unpack(mb, sequences):
                 out.routes[i] = route
     return out
+
+
+def _run_forward_only(agent: AgentModel, micro_batches: List[PackedBatch],
+                      forward_step: Callable[..., Any]) -> List[Any]:
+    """The schedule's forward passes in eval mode (no dropout), the model's mode restored afterwards."""
+    was_training = agent.model.training
+    agent.model.eval()
+    try:
+        return run_schedule(agent, micro_batches, forward_step, forward_only=True)
+    finally:
+        agent.model.train(was_training)
 
 
 def _from_last_stage(tensor: torch.Tensor, agent: AgentModel) -> torch.Tensor:

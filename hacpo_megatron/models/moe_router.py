@@ -143,7 +143,9 @@ class RouterLoad:
             scores = torch.softmax(logits.float(), dim=-1)
             counts = (routing_map.bool() & valid[:, None]).sum(dim=0).to(scores.dtype)
             micro_tokens = valid.sum().to(scores.dtype)
-            aux = E / (k * micro_tokens * micro_tokens) * (counts * (scores * valid[:, None]).sum(dim=0)).sum()
+            # all padding (a filler micro-batch of expert parallelism, models/logprobs.py): counts 0, loss 0, no 0 / 0
+            per_token = micro_tokens.clamp(min=1)
+            aux = E / (k * per_token * per_token) * (counts * (scores * valid[:, None]).sum(dim=0)).sum()
         if self._sums is None:
             self._sums = torch.zeros(sum_size(self.num_layers, E), dtype=torch.float64, device=routing_map.device)
         L = self.num_layers

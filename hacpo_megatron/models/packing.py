@@ -49,6 +49,8 @@ class PackedBatch:
     # and those its pass took (set by the pass, when recording)
     routes: Optional[torch.Tensor] = None
     recorded_routes: Optional[torch.Tensor] = None
+    # a micro-batch that only keeps an expert-parallel rank in step with its peers (`filler_micro_batch`)
+    filler: bool = False
 
     @property
     def num_sequences(self) -> int:
@@ -148,6 +150,16 @@ def pack_sequences(sequences: Sequence[PromptResponse], indices: Sequence[int], 
         response_lengths=torch.tensor([len(sequences[i][1]) for i in order], dtype=torch.long),
         indices=torch.tensor(order, dtype=torch.long),
     )
+
+
+def filler_micro_batch() -> PackedBatch:
+    """A micro-batch whose results nobody reads, run only to keep an expert-parallel rank in step with its peers
+    (`in_step_with_expert_peers`, models/logprobs.py): one row of two tokens (prompt [0], response [0]). Its loss is 0
+    times its log-prob (its backward runs, adding zeros), its tokens are padding to the routers (no load figure or
+    load-balancing loss counts them), and the passes drop its results (`run_schedule`)."""
+    batch = pack_sequences([([0], [0])], [0])
+    batch.filler = True
+    return batch
 
 
 def token_budget_groups(sequences: Sequence[PromptResponse], budget: int, *, share_prompts: bool) -> List[List[int]]:

@@ -131,25 +131,50 @@ def attention_shape(hf_config: Dict[str, Any]) -> Dict[str, int]:
     }
 
 
-def layout_problems(shape: Dict[str, int], tp: int, pp: int, model: str) -> Dict[str, str]:
-    """Why TP x PP cannot split a model of this shape (`shape_of`), by the layout key it breaks ("tensor",
-    "pipeline"); empty where it fits. The one layout check, for the config loader (which names the file, line and
-    key), the model builder and the conversion tools. A TP or PP below 1 is the callers' range check, not this."""
+def layout_problems(shape: Dict[str, int], tp: int, pp: int, model: str, *, dp: int = 1, ep: int = 1,
+                    etp: int = 1, training: bool = True) -> Dict[str, str]:
+    """Why a TP x PP x DP layout with EP x ETP (expert parallelism, expert tensor parallelism) cannot split a model of
+    this shape (`shape_of`), by the layout key it breaks ("tensor", "pipeline", "expert", "expert_tensor"); empty
+    where it fits. The one layout check, for the config loader (which names the file, line and key), the model builder
+    and the conversion tools. A size below 1 is the callers' range check, not this.
+
+    Experts (docs/moe.md): megatron lays each stage's TP x DP ranks out a second time, for the experts, as
+    ETP x EP x expert-DP (EP takes no ranks of its own), so EP x ETP must divide TP x DP, and EP the experts.
+    `training` False: a model built for its weights and passes in eval mode only (the conversion tools), which a
+    mixture of experts also has at TP > 1 and PP > 1."""
     heads, kv, layers = shape["num_attention_heads"], shape["num_key_value_heads"], shape["num_hidden_layers"]
+    experts = shape.get("num_experts") or 0
     problems = {}
     if tp >= 1 and (heads % tp or kv % tp):
         problems["tensor"] = (f"TP={tp} must divide the attention heads ({heads}) and key/value heads ({kv}) "
                               f"of {model}" + fewer_kv_heads_than_tp(kv, tp))
     if pp >= 1 and layers % pp:
         problems["pipeline"] = f"PP={pp} must divide the {layers} layers of {model}"
-    if shape.get("num_experts"):  # a mixture of experts: one layout so far (docs/moe.md)
-        if tp > 1 and "tensor" not in problems:
-            problems["tensor"] = (f"TP={tp} with the mixture of experts of {model} is not supported yet: megatron's "
-                                  "MoE layer needs sequence parallelism at TP > 1, which is not set up here; use TP=1")
-        if pp > 1 and "pipeline" not in problems:
-            problems["pipeline"] = (f"PP={pp} with the mixture of experts of {model} is not supported yet: megatron's "
-                                    "allgather token dispatcher refuses the variable sequence lengths that pipeline "
-                                    "stages exchange; use PP=1")
+    if not experts:  # a dense model: nothing to split over expert ranks
+        if ep > 1:
+            problems["expert"] = (f"EP={ep} splits the experts of a mixture-of-experts model; {model} has none: "
+                                  "leave parallel.expert at 1")
+        if etp > 1:
+            problems["expert_tensor"] = (f"ETP={etp} splits the experts of a mixture-of-experts model; {model} has "
+                                         "none: leave parallel.expert_tensor at 1")
+        return problems
+    # a mixture of experts trains at TP 1 and PP 1 so far (docs/moe.md)
+    if training and tp > 1 and "tensor" not in problems:
+        problems["tensor"] = (f"TP={tp} with the mixture of experts of {model} is not supported yet in training: "
+                              "megatron's MoE layer trains at TP > 1 only with sequence parallelism, which is not set "
+                              "up here; use TP=1")
+    if training and pp > 1 and "pipeline" not in problems:
+        problems["pipeline"] = (f"PP={pp} with the mixture of experts of {model} is not supported yet in training: "
+                                "the routers' figures and routing replay are kept for one pipeline stage; use PP=1")
+    if etp > 1:
+        problems["expert_tensor"] = (f"ETP={etp} (tensor parallelism inside each expert) is not supported yet: only "
+                                     "ETP=1 has been built and run here; spread the experts with parallel.expert")
+    if ep >= 1 and experts % ep:
+        problems["expert"] = f"EP={ep} must divide the {experts} experts of {model}"
+    elif ep >= 1 and etp >= 1 and tp >= 1 and dp >= 1 and (tp * dp) % (ep * etp):
+        problems["expert"] = (f"EP={ep} x ETP={etp} must divide the {tp * dp} ranks of each pipeline stage "
+                              f"(TP={tp} x DP={dp}): megatron lays the experts' ETP x EP x expert-DP grid over those "
+                              "ranks, EP takes none of its own; use a parallel.data that EP x ETP divides")
     return problems
 
 

@@ -9,6 +9,13 @@ that collection (or one of its groups) explicitly. See docs/parallelism.md for t
 Rank order inside an agent is megatron's default "tp-cp-dp-pp" (TP fastest, PP slowest):
     agent_rank = tp_rank + TP * (cp_rank + CP * (dp_rank + DP * pp_rank))
 
+A mixture-of-experts agent's experts see the same ranks through megatron's second grid, the expert grid (its
+order "tp-cp-ep-dp-pp" without cp): each stage's TP x DP ranks again, as ETP x EP x expert-DP (EP takes no ranks of
+its own, so EP x ETP must divide TP x DP: models/presets.layout_problems):
+    agent_rank = etp_rank + ETP * (ep_rank + EP * (expert_dp_rank + EDP * pp_rank))
+EP ranks hold different experts and exchange tokens in every MoE layer; expert-DP ranks hold the same experts, whose
+gradients megatron's DDP sums over them (the dense weights' over DP). `expert_rank_groups` is that arithmetic.
+
 Group creation is collective over the WHOLE world (torch's `new_group`), so every rank builds
 every agent's groups, in config order, even for agents it is not part of.
 """
@@ -29,6 +36,36 @@ from hacpo_megatron.parallel.layout import agent_rank_ranges
 
 # The decoder grid's dimensions, fastest-varying first (megatron's `order="tp-cp-ep-dp-pp"` without ep).
 _GRID_DIMS = ["tp", "cp", "dp", "pp"]
+# The expert grid's (megatron's expert RankGenerator: the same order without cp; "tp" is the experts' own TP, ETP)
+EXPERT_GRID_DIMS = ("tp", "ep", "dp", "pp")
+
+
+def expert_grid_shape(tp: int, dp: int, pp: int, ep: int, etp: int) -> Tuple[int, int, int, int]:
+    """(ETP, EP, expert-DP, PP): megatron's expert grid over an agent's TP x DP x PP ranks."""
+    if min(tp, dp, pp, ep, etp) < 1 or (tp * dp) % (ep * etp):
+        raise ValueError(f"EP={ep} x ETP={etp} must divide each stage's TP={tp} x DP={dp} ranks")
+    return etp, ep, tp * dp // (ep * etp), pp
+
+
+def expert_rank_groups(first_rank: int, tp: int, dp: int, pp: int, ep: int, etp: int,
+                       dims: Sequence[str]) -> List[List[int]]:
+    """The global rank groups along `dims` (names of EXPERT_GRID_DIMS) of an agent whose ranks start at
+    `first_rank`: every group, each in rank order, in megatron's order (`RankGenerator.get_ranks` of
+    `initialize_model_parallel` with the same sizes and order "tp-cp-ep-dp-pp"). Pure arithmetic."""
+    shape = expert_grid_shape(tp, dp, pp, ep, etp)
+    if not dims or any(d not in EXPERT_GRID_DIMS for d in dims):
+        raise ValueError(f"dims must be names of {EXPERT_GRID_DIMS}, got {list(dims)}")
+    # agent_rank = etp_rank + ETP * (ep_rank + EP * (edp_rank + EDP * pp_rank)): an array whose axes are pp, dp, ep, tp
+    grid = torch.arange(first_rank, first_rank + etp * ep * shape[2] * pp).reshape(tuple(reversed(shape)))
+    axis_of = {name: len(shape) - 1 - i for i, name in enumerate(EXPERT_GRID_DIMS)}
+    inside = sorted(axis_of[d] for d in set(dims))
+    outside = [a for a in range(len(shape)) if a not in inside]
+    members = 1
+    for a in inside:
+        members *= grid.shape[a]
+    # a group per position of the other dims, the fastest of them varying fastest (megatron's group order)
+    groups = grid.permute(*outside, *inside).reshape(-1, members)
+    return [sorted(int(r) for r in group) for group in groups]
 
 
 @dataclass(frozen=True)
@@ -43,6 +80,9 @@ class AgentParallel:
     rank: int  # this process's global rank
     pg_collection: Optional[Any]  # megatron ProcessGroupCollection; None where not a member
     group: Optional[dist.ProcessGroup] = None  # all of the agent's ranks; None where not a member
+    # the expert grid (module docstring): EP, and the experts' TP (megatron's default, TP, where EP and ETP are 1)
+    ep_size: int = 1
+    etp_size: int = 1
 
     @property
     def is_member(self) -> bool:
@@ -86,6 +126,29 @@ class AgentParallel:
     def global_rank_of(self, *, tp_rank: int, dp_rank: int, pp_rank: int) -> int:
         return self.ranks[tp_rank + self.tp_size * (dp_rank + self.dp_size * pp_rank)]
 
+    # ---- the expert grid (module docstring)
+    @property
+    def expert_dp_size(self) -> int:
+        """Replicas of each expert: the ranks of a stage over EP x ETP."""
+        return self.tp_size * self.dp_size // (self.ep_size * self.etp_size)
+
+    @property
+    def etp_rank(self) -> int:
+        return self.agent_rank % self.etp_size
+
+    @property
+    def ep_rank(self) -> int:
+        """Which share of each layer's experts this rank holds: experts [ep_rank * E / EP, (ep_rank + 1) * E / EP)."""
+        return (self.agent_rank // self.etp_size) % self.ep_size
+
+    @property
+    def expert_dp_rank(self) -> int:
+        return (self.agent_rank // (self.etp_size * self.ep_size)) % self.expert_dp_size
+
+    def expert_global_rank_of(self, *, etp_rank: int, ep_rank: int, expert_dp_rank: int, pp_rank: int) -> int:
+        return self.ranks[etp_rank + self.etp_size * (ep_rank + self.ep_size * (expert_dp_rank
+                                                                              + self.expert_dp_size * pp_rank))]
+
     @property
     def tp_group(self) -> dist.ProcessGroup:
         return self._groups().tp
@@ -97,6 +160,14 @@ class AgentParallel:
     @property
     def dp_group(self) -> dist.ProcessGroup:
         return self._groups().dp
+
+    @property
+    def ep_group(self) -> dist.ProcessGroup:
+        return self._groups().ep
+
+    @property
+    def expert_tp_group(self) -> dist.ProcessGroup:
+        return self._groups().expt_tp
 
     @property
     def model_parallel_group(self) -> dist.ProcessGroup:
@@ -126,8 +197,9 @@ class _GroupFactory:
         self._created: Dict[Tuple[Tuple[int, ...], ...], Optional[dist.ProcessGroup]] = {}
 
     def group_for(self, enumeration: Sequence[Sequence[int]]) -> Optional[dist.ProcessGroup]:
-        """This rank's group among `enumeration` (a partition of some ranks); None if in none."""
-        key = tuple(tuple(int(r) for r in ranks) for ranks in enumeration)
+        """This rank's group among `enumeration` (a partition of some ranks); None if in none. Keyed by members
+        alone (torch orders a group's ranks itself), so the decoder and the expert grid share equal groups."""
+        key = tuple(sorted(tuple(sorted(int(r) for r in ranks)) for ranks in enumeration))
         if key not in self._created:
             mine = None
             for ranks in key:
@@ -140,9 +212,11 @@ class _GroupFactory:
 
 
 def _agent_pg_collection(
-    ranks: range, tp: int, pp: int, dp: int, factory: _GroupFactory
+    ranks: range, tp: int, pp: int, dp: int, factory: _GroupFactory, *, ep: int = 1, etp: int = 1,
 ) -> Tuple[Optional[Any], Optional[dist.ProcessGroup]]:
-    """The `ProcessGroupCollection` of one agent and its all-ranks group (None outside it). Collective."""
+    """The `ProcessGroupCollection` of one agent and its all-ranks group (None outside it). Collective.
+
+    `etp` is the experts' own TP where EP x ETP > 1; otherwise megatron's default (ETP = TP) holds."""
     from megatron.core.hyper_comm_grid import HyperCommGrid
     from megatron.core.process_groups_config import ProcessGroupCollection
 
@@ -164,21 +238,35 @@ def _agent_pg_collection(
         dp_cp=group(["cp", "dp"]),
         tp_dp_cp=group(["tp", "cp", "dp"]),
     )
-    # Expert-parallel fields. These dense models have no experts (EP=1, expert-TP = TP,
-    # expert-DP = DP x CP; the *_remat variants equal their plain groups at remat size 1), but
-    # megatron's DDP/optimizer helpers read these fields and, when they are missing, create groups
-    # of their own over the whole world: wrong members and a deadlock when only some ranks get there.
+    if ep == 1 and etp == 1:
+        # A dense model, or experts all on every rank (EP=1, expert-TP = TP, expert-DP = DP x CP; the *_remat variants
+        # equal their plain groups at remat size 1). megatron's DDP/optimizer helpers read these fields and, when they
+        # are missing, create groups of their own over the whole world: wrong members and a deadlock when only some
+        # ranks get there.
+        groups.update(
+            ep=each_rank_alone,
+            expt_tp=groups["tp"],
+            expt_dp=groups["dp_cp"],
+            tp_ep=groups["tp"],
+            tp_ep_pp=groups["mp"],
+        )
+    else:  # the expert grid (module docstring), as megatron's initialize_model_parallel builds it
+        def expert_group(dims: List[str]) -> Optional[dist.ProcessGroup]:
+            return factory.group_for(expert_rank_groups(ranks.start, tp, dp, pp, ep, etp, dims))
+
+        groups.update(
+            ep=expert_group(["ep"]),  # the experts' token exchange (all-to-all)
+            expt_tp=expert_group(["tp"]),
+            expt_dp=expert_group(["dp"]),  # DDP sums the experts' gradients over it
+            tp_ep=expert_group(["tp", "ep"]),  # the dispatcher's token counts
+            tp_ep_pp=expert_group(["tp", "ep", "pp"]),  # the expert optimizer's gradient norm
+        )
     groups.update(
-        ep=each_rank_alone,
-        expt_tp=groups["tp"],
-        expt_dp=groups["dp_cp"],
-        tp_ep=groups["tp"],
-        tp_ep_pp=groups["mp"],
-        tp_ep_pp_with_egtp_remat=groups["mp"],
+        tp_ep_pp_with_egtp_remat=groups["tp_ep_pp"],
         intra_dp_cp=groups["dp_cp"],  # one distributed-optimizer instance: partial DP = full DP
-        intra_expt_dp=groups["dp_cp"],
+        intra_expt_dp=groups["expt_dp"],
         dp_cp_gtp_remat=groups["dp_cp"],
-        expt_dp_gtp_remat=groups["dp_cp"],
+        expt_dp_gtp_remat=groups["expt_dp"],
     )
     # The first and last pipeline stages share the word embeddings when they are tied; their
     # gradients are summed over this group (one per pipeline, i.e. per TP x DP position).
@@ -215,10 +303,13 @@ def create_agent_groups(
         if ranks.stop > world:
             raise ValueError(f"agent {agent.name!r} needs ranks {ranks.start}..{ranks.stop - 1}, "
                              f"but the world has {world} processes")
-        collection, whole_agent = _agent_pg_collection(ranks, p.tensor, p.pipeline, p.data, factory)
+        ep, etp = p.expert, p.expert_tensor
+        expert_grid_shape(p.tensor, p.data, p.pipeline, ep, etp)  # ValueError: the config check names the key
+        collection, whole_agent = _agent_pg_collection(ranks, p.tensor, p.pipeline, p.data, factory, ep=ep, etp=etp)
         result.append(AgentParallel(
             name=agent.name, ranks=tuple(ranks), tp_size=p.tensor, pp_size=p.pipeline, dp_size=p.data,
             rank=rank, pg_collection=collection, group=whole_agent,
+            ep_size=ep, etp_size=etp if ep * etp > 1 else p.tensor,
         ))
     return result
 

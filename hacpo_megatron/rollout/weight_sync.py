@@ -15,7 +15,9 @@ Collective over the agent's ranks: every rank of the agent calls `sync_weights` 
 `check_engine_weights`) together. Only the engine rank (`engine_rank`: last pipeline stage, TP rank
 0, data-parallel replica 0 — the agent's output rank) talks to the engine; the other ranks of
 replica 0 take part in the gathers and sends; other data-parallel replicas hold the same weights
-and return at once. Pass `engine=None` on every rank but the engine rank.
+and return at once, except, at expert parallelism > 1, the EP ranks that hold the other experts (ranks of other
+replicas): each sends its own experts, so every expert is sent once. Pass `engine=None` on every rank but the engine
+rank.
 
 The engine may be any object with the engine's methods: an engine in this process, or a proxy for
 one in another process (the orchestrator wraps Ray actor handles so). Nothing here knows Ray.

@@ -47,7 +47,13 @@ from hacpo_megatron import megatron_cpu
 from hacpo_megatron.models.build import AgentModel
 from hacpo_megatron.models.moe_replay import RouteReplay
 from hacpo_megatron.models.moe_router import ROUTER_METRICS, RouterLoad, freeze_routers, router_metrics
-from hacpo_megatron.models.logprobs import SequenceLogProbs, compute_sequence_logprobs, make_forward_step, run_schedule
+from hacpo_megatron.models.logprobs import (
+    SequenceLogProbs,
+    compute_sequence_logprobs,
+    in_step_with_expert_peers,
+    make_forward_step,
+    run_schedule,
+)
 from hacpo_megatron.models.packing import PackedBatch, pack_sequences, token_budget_groups
 from hacpo_megatron.parallel.groups import collective_device, world_collectives_within
 from hacpo_megatron.training.batch import SequenceRow, data_parallel_shard, micro_batches, rows_with_gradient
@@ -260,11 +266,14 @@ class AgentTrainer:
         self.optimizer.zero_grad()
         if self.router_load is not None and computed:
             self.router_load.begin_update(self._router_tokens(computed, packed))
-        # A replica whose share is empty still joins the gradient all-reduce with zero gradients.
-        results = run_schedule(self.agent, packed, make_forward_step(self.agent, temperature=self.temperature,
-                                                                     loss_fn=loss_fn, route_replay=self.route_replay),
+        # A replica whose share is empty still joins the gradient all-reduce with zero gradients. At EP > 1 the EP
+        # ranks (replicas) exchange tokens in every MoE layer: each runs as many micro-batches as the most any runs,
+        # filler ones after its own (models/logprobs.py), which add zero gradients and no metrics.
+        in_step = in_step_with_expert_peers(self.agent, packed)
+        results = run_schedule(self.agent, in_step, make_forward_step(self.agent, temperature=self.temperature,
+                                                                      loss_fn=loss_fn, route_replay=self.route_replay),
                                forward_only=False) \
-            if packed else self._finalize_without_data()
+            if in_step else self._finalize_without_data()
         success, grad_norm, _ = self.optimizer.step()
         out = self._reduce_metrics(results)  # its copy to the host also waits for a GPU's queued work
         histogram = out.pop(RATIO_HISTOGRAM, None)

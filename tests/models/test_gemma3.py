@@ -286,21 +286,21 @@ def test_tp2_with_one_kv_head_is_a_named_config_error(tmp_path):
 
 
 def test_tp2_with_one_kv_head_is_refused_by_the_tools_and_the_builder():
-    from hacpo_megatron.checkpoint.format import check_parallel_layout
+    from hacpo_megatron.checkpoint.tool_layout import ToolLayout, check_tool_layout
     from hacpo_megatron.models.build import check_layout
 
     arch = read_architecture(GEMMA3_270M)
     with pytest.raises(ValueError, match="TP=2 must divide the attention heads.*" + KV_MESSAGE):
-        check_parallel_layout(arch, 2, 1)
-    check_parallel_layout(arch, 1, 2)
+        check_tool_layout(arch, ToolLayout(2, 1))
+    check_tool_layout(arch, ToolLayout(1, 2))
 
     class TwoRanks:  # what check_layout reads of an AgentParallel
-        name, tp_size, pp_size = "g", 2, 1
+        name, tp_size, pp_size, dp_size, ep_size, etp_size = "g", 2, 1, 1, 1, 2
 
     with pytest.raises(ValueError, match="g: TP=2 must divide the attention heads.*" + KV_MESSAGE):
         check_layout(arch, TwoRanks())
     # the message only speaks of key/value heads when they are the reason
     with pytest.raises(ValueError) as error:
-        check_parallel_layout(read_architecture(dict(PRESETS["tiny-gemma3"], hidden_size=96, num_attention_heads=6,
-                                                     num_key_value_heads=6)), 4, 1)
+        check_tool_layout(read_architecture(dict(PRESETS["tiny-gemma3"], hidden_size=96, num_attention_heads=6,
+                                                 num_key_value_heads=6)), ToolLayout(4, 1))
     assert "cannot be split" not in str(error.value)
