@@ -81,9 +81,10 @@ class SavedAnswers:
 EngineSide = Union[RayEngines, SavedAnswers]
 
 
-def engine_side(mode: str, actors: ActorSettings, generation: GenerationSettings,
-                load_rollouts: Optional[str]) -> EngineSide:
-    """The run's source of answers, by run.mode (`mode`); `load_rollouts`: train_only's folder (--load-rollouts)."""
-    if mode == "train_only":
-        return SavedAnswers(load_rollouts, generation.answers_per_prompt)
+def engine_side(actors: ActorSettings, generation: GenerationSettings,
+                saved_answers: Optional[str]) -> EngineSide:
+    """The run's source of answers: the folder `saved_answers` when one is given (--load-rollouts, which preflight
+    allows in run.mode train_only and requires there), else engines."""
+    if saved_answers:
+        return SavedAnswers(saved_answers, generation.answers_per_prompt)
     return RayEngines(actors, generation)

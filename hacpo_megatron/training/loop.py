@@ -104,8 +104,8 @@ def run_hacpo(cfg: Config, options: RunOptions, model_provider: ModelProvider) -
 
     agents = build_agents(cfg, spec, model_provider)
     run_checkpoints.save_tokenizers(options.output_dir, agents)
-    engines = engine_side(cfg.run.mode, settings.actors, settings.generation,
-                          options.load_rollouts)  # none in train_only
+    engines = engine_side(settings.actors, settings.generation,
+                          saved_answers=options.load_rollouts)  # none in train_only
     learners = learner_side(cfg.run.mode, settings.learners, rank)  # none in rollout_only
     with RunLifecycle(options.ray_address) as lifecycle:  # Ray, the reporter, the signal handlers: ended at exit
         reward_actor = engines.start(lifecycle, agents, rank, options.output_dir)
