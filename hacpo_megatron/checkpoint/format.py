@@ -106,5 +106,22 @@ def check_compatible(folder: Path, metadata: CheckpointMetadata, arch: Architect
             f"the model is a {arch.hf_architecture} with vocabulary {arch.vocab_size}")
 
 
+def optimizer_layout_problem(folder: PathLike, metadata: CheckpointMetadata, expert_parallel: int) -> Optional[str]:
+    """Why the optimizer state in `folder` cannot be loaded by an agent at `expert_parallel`; None when it can.
+
+    The weights load at any EP (megatron keys each expert by its global index), the optimizer's state only at the EP
+    it was saved at: at EP > 1 megatron's optimizer is two (ChainedOptimizer: the dense weights', the experts'), whose
+    states are saved under keys of their own (`chained_0.`, `chained_1.`) with a parameter-group list each, at EP 1
+    it is one; a load across that finds neither its keys nor its groups (megatron fails on a missing key). Another
+    EP > 1 keeps the two parts but has not been run, so it is refused too."""
+    if not metadata.has_optimizer or metadata.expert_parallel == expert_parallel:
+        return None
+    return (f"{Path(folder) / METADATA_FILE}: saved at expert parallelism {metadata.expert_parallel}, the agent now "
+            f"has parallel.expert {expert_parallel}; the weights would load at any EP, the optimizer's state only at "
+            f"the EP it was saved at (at EP > 1 it is the dense weights' and the experts' optimizers, keyed apart). "
+            f"Resume with parallel.expert: {metadata.expert_parallel}, or export the weights "
+            f"(tools/convert_megatron_to_hf.py) and start a new run from them, without the optimizer's state")
+
+
 def architecture_of_checkpoint(folder: PathLike) -> Architecture:
     return read_architecture(read_checkpoint_hf_config(folder))

@@ -30,7 +30,7 @@ import torch.distributed as dist
 from hacpo_megatron import megatron_cpu
 from hacpo_megatron.checkpoint.format import (
     DIST_CHECKPOINT_DIR, HF_CONFIG_FILE, METADATA_FILE, TOKENIZER_DIR, CheckpointError, CheckpointMetadata, PathLike,
-    check_compatible, read_checkpoint_hf_config, read_checkpoint_metadata,
+    check_compatible, optimizer_layout_problem, read_checkpoint_hf_config, read_checkpoint_metadata,
 )
 from hacpo_megatron.checkpoint.hf_io import copy_tokenizer_files
 from hacpo_megatron.checkpoint.run_folder import (
@@ -337,7 +337,8 @@ def _write_trainer_state(state: Dict[str, Any], path: Path) -> None:
 def load_agent_checkpoint(folder: PathLike, agent: AgentModel, optimizer: Optional[Any] = None) -> CheckpointMetadata:
     """Load the model (and `optimizer`, if given) of this rank's slice from an agent folder.
 
-    Any TP/PP layout: megatron reads the slices this rank needs from the saved global tensors. Not
+    Any TP/PP/EP layout: megatron reads the slices this rank needs from the saved global tensors (each expert by its
+    global index). The optimizer's state only at the EP it was saved at (format.py: `optimizer_layout_problem`). Not
     collective: each member rank loads on its own. Returns the folder's metadata.
     """
     megatron_cpu.apply()
@@ -349,6 +350,9 @@ def load_agent_checkpoint(folder: PathLike, agent: AgentModel, optimizer: Option
     if optimizer is not None and not metadata.has_optimizer:
         raise CheckpointError(f"{folder}: holds no optimizer state (a converted model?); load without optimizer")
     if optimizer is not None:
+        problem = optimizer_layout_problem(folder, metadata, agent.parallel.ep_size)  # weights: any EP; this: its own
+        if problem:
+            raise CheckpointError(problem)
         _give_adam_its_state(optimizer)
     state = agent_sharded_state_dict(agent, optimizer, is_loading=True)
     # Access validation would all-gather over the world; a load must not depend on other agents.

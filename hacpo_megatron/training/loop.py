@@ -93,7 +93,8 @@ def run_hacpo(cfg: Config, options: RunOptions, model_provider: ModelProvider) -
     if world != needed:
         raise SystemExit(f"the config's agents need {needed} processes (torchrun --nproc_per_node={needed}), "
                          f"got {world}")
-    resume_from = run_checkpoints.choose_checkpoint(options.output_dir) if options.resume else None  # verified
+    # verified; each agent's optimizer state loadable at its layout
+    resume_from = run_checkpoints.choose_checkpoint(options.output_dir, cfg.agents) if options.resume else None
     spec = algorithm_spec(cfg.algorithm)
     settings = run_settings(cfg, spec, weight_check=options.weight_check)  # each part's, resolved once
     n, B = len(cfg.agents), cfg.data.prompt_batch_size

@@ -7,12 +7,15 @@ from __future__ import annotations
 import os
 import random
 from pathlib import Path
-from typing import Any, Dict
+from typing import Any, Dict, List, Sequence
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
+from hacpo_megatron.checkpoint.format import (
+    CheckpointError, is_agent_checkpoint, optimizer_layout_problem, read_checkpoint_metadata,
+)
 from hacpo_megatron.checkpoint.integrity import choose_resume_checkpoint, describe
 from hacpo_megatron.checkpoint.megatron_io import AgentState, load_agents_checkpoint, save_agents_checkpoint
 from hacpo_megatron.checkpoint.run_folder import resume_candidates
@@ -85,9 +88,11 @@ def save(output_dir: str, step: int, agents, tracker, sampler_state: dict, *, ke
                                   keep_last=keep_last, trainer_state=trainer_state)
 
 
-def choose_checkpoint(output_dir: str) -> str:
+def choose_checkpoint(output_dir: str, agent_configs: Sequence[Any] = ()) -> str:
     """Collective. Rank 0 verifies `latest` against its manifest, falls back to the newest intact step
-    if it is damaged (saying which file is), and tells every rank; InputError if none is intact.
+    if it is damaged (saying which file is), and tells every rank; InputError if none is intact, or if an agent of
+    `agent_configs` (the run's `agents:`) would load its optimizer's state at another expert parallelism than it
+    was saved at (`layout_problems`).
 
     Called before any work (no model built, no Ray): a rank that failed later, behind a teardown, could be
     stopped by torchrun (another rank had already exited with the same error) before it said why."""
@@ -100,12 +105,30 @@ def choose_checkpoint(output_dir: str) -> str:
         warnings, error = describe(choice, root)
         for line in warnings:
             print(f"warning: {line}", flush=True)
-        decision = [(str(choice.step_dir) if choice.step_dir else None, error)]
+        problems = [error] if error else layout_problems(Path(choice.step_dir), agent_configs)
+        decision = [(str(choice.step_dir) if choice.step_dir else None, problems)]
     dist.broadcast_object_list(decision, src=0)
-    step_dir, error = decision[0]
-    if error:
-        raise InputError([f"--resume: {error}"])
+    step_dir, problems = decision[0]
+    if problems:
+        raise InputError([f"--resume: {problem}" for problem in problems])
     return step_dir
+
+
+def layout_problems(step_dir: Path, agent_configs: Sequence[Any]) -> List[str]:
+    """What in a step folder the agents of `agent_configs` cannot resume from at their layout: an optimizer's state
+    saved at another expert parallelism (checkpoint/format.py: `optimizer_layout_problem`). Raises nothing: rank 0
+    runs it while the other ranks wait for its answer."""
+    problems = []
+    for agent in agent_configs:
+        folder = step_dir / agent.name
+        if is_agent_checkpoint(folder):
+            try:
+                problem = optimizer_layout_problem(folder, read_checkpoint_metadata(folder), agent.parallel.expert)
+            except CheckpointError as error:
+                problem = str(error)
+            if problem:
+                problems.append(problem)
+    return problems
 
 
 def load_checkpoint(step_dir: str, output_dir: str, agents, tracker, sampler) -> int:

@@ -68,6 +68,40 @@ def test_ep2_at_dp2_is_a_valid_layout(tmp_path):
     assert (parallel.data, parallel.expert, parallel.expert_tensor, parallel.world_size) == (4, 2, 1, 4)
 
 
+def test_resuming_an_optimizers_state_at_another_ep_is_refused_by_name(tmp_path):
+    """A step folder whose agent "m" was saved with its optimizer at EP 2: resuming it at EP 1 or 4 is refused,
+    naming its metadata.json and both EPs (training/run_checkpoints.py `layout_problems`, which `choose_checkpoint`
+    runs before any model is built; the load refuses the same: tests/models/test_moe_expert_parallel_checkpoint.py).
+    At EP 2, or for a folder without optimizer state (weights load at any EP), nothing."""
+    import dataclasses
+    import json
+
+    from hacpo_megatron.checkpoint.format import CheckpointMetadata
+    from hacpo_megatron.config.schema import AgentConfig, ParallelConfig
+    from hacpo_megatron.training.run_checkpoints import layout_problems
+
+    for name, has_optimizer in (("m", True), ("weights", False)):
+        folder = tmp_path / name
+        (folder / "dist_checkpoint").mkdir(parents=True)
+        for part in ("hf_config.json", "dist_checkpoint/metadata.json", "dist_checkpoint/.metadata"):
+            (folder / part).write_text("{}")
+        metadata = CheckpointMetadata(hf_architecture="Qwen3MoeForCausalLM", vocab_size=VOCAB, padded_vocab_size=1024,
+                                      tensor_parallel=1, pipeline_parallel=1, has_optimizer=has_optimizer,
+                                      agent_name=name, step=1, expert_parallel=2)
+        (folder / "metadata.json").write_text(json.dumps(dataclasses.asdict(metadata)))
+
+    def agents(ep):
+        return [AgentConfig(name=name, model="x", parallel=ParallelConfig(data=4, expert=ep))
+                for name in ("m", "weights", "not_saved")]
+
+    assert layout_problems(tmp_path, agents(2)) == []
+    for ep in (1, 4):
+        [problem] = layout_problems(tmp_path, agents(ep))
+        assert problem.startswith(f"{tmp_path / 'm' / 'metadata.json'}: saved at expert parallelism 2, the agent now "
+                                  f"has parallel.expert {ep};"), problem
+        assert "Resume with parallel.expert: 2" in problem
+
+
 def test_the_dispatcher_is_alltoall_at_ep_above_1_and_marks_the_experts():
     from hacpo_megatron.models.architectures import read_architecture, transformer_config
 
