@@ -88,7 +88,7 @@ def save(output_dir: str, step: int, agents, tracker, sampler_state: dict, *, ke
                                   keep_last=keep_last, trainer_state=trainer_state)
 
 
-def choose_checkpoint(output_dir: str, agent_configs: Sequence[Any] = ()) -> str:
+def choose_checkpoint(output_dir: str, agent_configs: Sequence[Any]) -> str:
     """Collective. Rank 0 verifies `latest` against its manifest, falls back to the newest intact step
     if it is damaged (saying which file is), and tells every rank; InputError if none is intact, or if an agent of
     `agent_configs` (the run's `agents:`) would load its optimizer's state at another expert parallelism than it
