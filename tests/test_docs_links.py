@@ -175,3 +175,13 @@ def test_the_checks_catch_what_they_are_for(tmp_path):
         "two-real-models-smollm2-135m-instruct--gemma-3-270m"
     assert [m.group(1) for m in FILE_LINE.finditer("see launch.py:63-65 and a/b.py:2, not x.py or 1.5:3")] == \
         ["launch.py", "a/b.py"]
+
+
+def test_the_readme_is_a_front_door_under_2000_words_with_its_sections():
+    with open(os.path.join(REPO, "README.md")) as f:
+        text = f.read()
+    assert len(text.split()) < 2000, "README.md: over 2,000 words; move detail into a guide under docs/"
+    headings = set(re.findall(r"^## (.+)$", text, re.MULTILINE))
+    for section in ("Quick start", "Concepts", "Configs", "Configuration", "Scaling up", "Troubleshooting", "Results",
+                    "Guides"):
+        assert section in headings, f"README.md: no '## {section}' section"
