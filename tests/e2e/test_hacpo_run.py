@@ -199,12 +199,20 @@ def test_engine_log_probs_replace_the_old_log_prob_pass_after_the_first_step(ref
 
 # GSPO alone is not run: gspo_x2 is GSPO's single-agent path with 2G answers, grpo the same path with 2 updates
 @pytest.mark.parametrize("algorithm,updates", [("gspo_x2", 4), ("naive", 4), ("grpo", 2)])
-def test_baselines_run_to_completion(tmp_path, cache, algorithm, updates):
+def test_baselines_run_to_completion(reference_run, tmp_path, cache, algorithm, updates):
     out = tmp_path / "run"
     # one step, no evaluation: what differs between the algorithms is all in a step
     config = small_config(tmp_path, cache, algorithm={"name": algorithm}, run={"total_steps": 1},
                           data={"eval_every": 0})
-    run(config, out)
+    if algorithm == "gspo_x2":  # 2G answers a prompt: its own engines generate them
+        run(config, out)
+    else:
+        # G answers a prompt, from the initial weights: the answers and rewards of the reference run's first step are
+        # what this algorithm's own first step would generate (the same weights, prompts and sampling seed), so it
+        # trains on those (run.mode train_only): its whole step, with no Ray or engine to start (~10 s a run). The
+        # engine side does not depend on the algorithm but for G' (gspo_x2 above, the reference run)
+        config["run"]["mode"] = "train_only"
+        run(config, out, "--load-rollouts", str(reference_run.parent / "rollouts"))
     train = [r for r in metrics(out) if r["kind"] == "train"]
     assert len(train) == 2
     # B = 4, mini-batch 2 prompts x G = 2: M = n*B/2 = 4 with shared rollouts, B/2 = 2 alone, 2B/2 with 2G
