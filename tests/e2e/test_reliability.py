@@ -10,7 +10,8 @@ import pytest
 
 from tests.e2e.test_hacpo_run import comparable, kill_tree, launch, metrics, run, small_config
 
-pytestmark = [pytest.mark.slow, pytest.mark.distributed]
+# under xdist, with test_hacpo_run.py on one worker: both use the session's reference run (tests/e2e/conftest.py)
+pytestmark = [pytest.mark.slow, pytest.mark.distributed, pytest.mark.xdist_group("reference_run")]
 
 def wait_for(predicate, proc, what, timeout=600, poll=0.2):
     deadline = time.time() + timeout
