@@ -22,7 +22,8 @@ IGNORED = ("time/", "perf/", "pipeline/", "timestamp", "weight_sync/seconds", "w
            "weight_sync/check_seconds", "weight_sync/bytes_per_second", "reward/seconds", "reward/answers_per_s",
            "ray/")
 
-pytestmark = [pytest.mark.slow, pytest.mark.distributed]
+# under xdist, with test_reliability.py on one worker: both use the session's reference run (tests/e2e/conftest.py)
+pytestmark = [pytest.mark.slow, pytest.mark.distributed, pytest.mark.xdist_group("reference_run")]
 
 
 def small_config(tmp: Path, cache: Path, **changes) -> dict:

@@ -10,7 +10,8 @@ import pytest
 
 from tests.e2e.test_hacpo_run import comparable, kill_tree, launch, metrics, run, small_config
 
-pytestmark = [pytest.mark.slow, pytest.mark.distributed]
+# under xdist, with test_hacpo_run.py on one worker: both use the session's reference run (tests/e2e/conftest.py)
+pytestmark = [pytest.mark.slow, pytest.mark.distributed, pytest.mark.xdist_group("reference_run")]
 # A resume's last launch with no checkpoint at its end, where no test reads that checkpoint: megatron's first save in a
 # process is ~4.5 s (as tests/e2e/test_multi_node.py's resumed run; a checkpoint is saved after the step is logged, so
 # the metrics are the same with or without it)
