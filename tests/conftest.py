@@ -32,23 +32,91 @@ def require_root(what: str) -> None:
         pytest.skip(f"needs root ({what}); run as root, as CI does, to include it")
 
 
+# ------------------------------------------------------------------------------ side by side: pytest-xdist
+# `make test` runs the suite on 2 worker processes (`-n 2 --dist loadgroup`, docs/testing.md). What a worker is
+# given at a time is a whole file, or a whole `xdist_group` of files that share a session or package fixture (one
+# built per worker otherwise): under `--dist loadgroup` a test without a group is its own unit in xdist itself,
+# which would build a file's module fixtures (conversions, runs) once on each worker.
+# Files with a slow test go first, then those with another heavy marker, then the rest, each in collection order:
+# the long end-to-end units start at once and the short files fill in behind them.
+HEAVY_MARKERS = (("slow",), ("distributed", "vllm", "real_weights"))
+
+
+def _unit(item) -> str:
+    """The unit a worker is given: the test's `xdist_group` (its first), else its file."""
+    group = item.get_closest_marker("xdist_group")
+    if group is not None:
+        return str(group.args[0] if group.args else group.kwargs.get("name", "default"))
+    return item.nodeid.split("::", 1)[0]
+
+
+def _weight(items) -> int:
+    names = {mark.name for item in items for mark in item.iter_markers()}
+    return next((rank for rank, markers in enumerate(HEAVY_MARKERS) if names & set(markers)), len(HEAVY_MARKERS))
+
+
+@pytest.hookimpl(trylast=True)  # after -m has deselected what will not run
+def pytest_collection_modifyitems(config, items):
+    """On an xdist worker only (the controller hands out units in the order the workers collected them): each
+    unit's tests moved together, heavy units first, collection order kept otherwise. Every worker collects the
+    same tests, so every worker orders them alike (xdist checks that)."""
+    if not hasattr(config, "workerinput"):
+        return
+    units: dict = {}
+    for item in items:
+        units.setdefault(_unit(item), []).append(item)
+    order = sorted(units.values(), key=_weight)  # stable: collection order within each weight
+    items[:] = [item for unit in order for item in unit]
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """`--dist loadgroup`, with a test of no group scheduled with the rest of its file (see above), in the
+    order the workers collected the units (no re-sorting by test count)."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    class FilesAndGroups(LoadGroupScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            if nodeid.rfind("@") > nodeid.rfind("]"):  # xdist appended the test's group (@name)
+                return nodeid.split("@")[-1]
+            return nodeid.split("::", 1)[0]
+
+    config.option.loadscopereorder = False
+    return FilesAndGroups(config, log)
+
+
 # ------------------------------------------------------------------------------ where the suite's time goes, by file
+# Under xdist the controller receives every worker's reports here, so these figures cover the whole run.
 _SECONDS_BY_FILE: dict = {}
+_WORKER_BY_FILE: dict = {}
+_SECONDS_BY_WORKER: dict = {}
 
 
 def pytest_runtest_logreport(report):
-    """Setup, call and teardown of every test, summed per file (a module fixture's run counts in its file)."""
+    """Setup, call and teardown of every test, summed per file (a module fixture's run counts in its file)
+    and, under xdist, per worker."""
     path = report.nodeid.split("::")[0]
     _SECONDS_BY_FILE[path] = _SECONDS_BY_FILE.get(path, 0.0) + report.duration
+    worker = getattr(report, "worker_id", None)
+    if worker is not None:
+        _WORKER_BY_FILE[path] = worker
+        _SECONDS_BY_WORKER[worker] = _SECONDS_BY_WORKER.get(worker, 0.0) + report.duration
 
 
 def pytest_terminal_summary(terminalreporter):
-    """After pytest's slowest tests, the slowest files: what CI's time budget is spent on (docs/testing.md)."""
+    """After pytest's slowest tests, the slowest files: what CI's time budget is spent on (docs/testing.md);
+    under xdist, the worker each file ran on and each worker's sum (their time side by side)."""
     if len(_SECONDS_BY_FILE) < 2:
         return
     ranked = sorted(_SECONDS_BY_FILE.items(), key=lambda item: -item[1])
     total = sum(_SECONDS_BY_FILE.values())
     terminalreporter.section("slowest 20 files (setup + call + teardown)")
     for path, seconds in ranked[:20]:
-        terminalreporter.write_line(f"{seconds:8.1f}s {100 * seconds / total:5.1f} %  {path}")
+        worker = f"  {_WORKER_BY_FILE[path]}" if path in _WORKER_BY_FILE else ""
+        terminalreporter.write_line(f"{seconds:8.1f}s {100 * seconds / total:5.1f} %{worker}  {path}")
     terminalreporter.write_line(f"{total:8.1f}s in all, {len(ranked)} files")
+    if _SECONDS_BY_WORKER:
+        terminalreporter.write_line("by worker: " + ", ".join(
+            f"{worker} {seconds:.1f}s" for worker, seconds in sorted(_SECONDS_BY_WORKER.items())))

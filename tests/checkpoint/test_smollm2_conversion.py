@@ -18,7 +18,9 @@ from hacpo_megatron.checkpoint.format import read_checkpoint_metadata
 from tests.checkpoint.test_single_process_tools import logit_difference, run_tool, tool
 from tests.models.torchrun import run_torchrun
 
-pytestmark = [pytest.mark.slow, pytest.mark.distributed, pytest.mark.real_weights]
+# under xdist, with test_gguf.py on one worker: both use the package's converted SmolLM2 (tests/checkpoint/conftest.py)
+pytestmark = [pytest.mark.slow, pytest.mark.distributed, pytest.mark.real_weights,
+              pytest.mark.xdist_group("smollm2_hf")]
 LAYOUTS = {"tp3": ("--tp", 3), "pp2": ("--pp", 2)}  # folder name: flags of every tool for it
 TP_PP = {"tp3": (3, 1), "pp2": (1, 2)}
 TIMEOUT = 600  # s; one tool call takes 20-100 s on the 2-core machine, depending on what else runs

@@ -6,6 +6,9 @@ from tests.e2e.test_hacpo_run import run, small_config
 
 @pytest.fixture(scope="session")
 def cache(tmp_path_factory):
+    """The warm-up cache of the session's runs. Under xdist each worker has its own (the first run of each
+    trains it): the end-to-end files of two workers start together, so a shared one would be trained twice
+    anyway, by two processes racing to put it in place."""
     return tmp_path_factory.mktemp("warmup-cache")
 
 

@@ -22,7 +22,8 @@ IGNORED = ("time/", "perf/", "pipeline/", "timestamp", "weight_sync/seconds", "w
            "weight_sync/check_seconds", "weight_sync/bytes_per_second", "reward/seconds", "reward/answers_per_s",
            "ray/")
 
-pytestmark = [pytest.mark.slow, pytest.mark.distributed]
+# under xdist, with test_reliability.py on one worker: both use the session's reference run (tests/e2e/conftest.py)
+pytestmark = [pytest.mark.slow, pytest.mark.distributed, pytest.mark.xdist_group("reference_run")]
 
 
 def small_config(tmp: Path, cache: Path, **changes) -> dict:
@@ -176,7 +177,10 @@ def test_rollout_only_generates_and_scores_with_no_update(reference_run, tmp_pat
 
 def test_engine_log_probs_replace_the_old_log_prob_pass_after_the_first_step(reference_run, tmp_path, cache):
     out = tmp_path / "run"
-    run(small_config(tmp_path, cache, rollout={"old_logprobs": "engine"}), out)
+    # two steps, no held-out evaluation: step 2 is the first without the trainer's pass; the evaluation draws no
+    # training sample (the k = 1 run in test_reliability.py, with none, gets the reference's step 1 rewards and prompts)
+    run(small_config(tmp_path, cache, rollout={"old_logprobs": "engine"}, run={"total_steps": 2},
+                     data={"eval_every": 0}), out)
 
     def train(records):
         return sorted((r for r in records if r["kind"] == "train"), key=lambda r: (r["step"], r["agent"]))
@@ -187,20 +191,29 @@ def test_engine_log_probs_replace_the_old_log_prob_pass_after_the_first_step(ref
     assert comparable(first) == comparable([r for r in reference if r["step"] == 1])
     assert all(r["rollout/logprob_diff_mean"] < 3e-5 for r in first)
     later = [(r, ref) for r, ref in zip(ours, reference) if r["step"] > 1]
-    assert later and all("rollout/logprob_diff_max" not in r for r, _ in later)  # no trainer pass, no gap
+    assert [r["step"] for r, _ in later] == [2, 2] and all(ref["step"] == 2 for _, ref in later)
+    assert all("rollout/logprob_diff_max" not in r for r, _ in later)  # no trainer pass, no gap
     for r, ref in later:  # the engine's log-probs differ from the trainer's by ~1e-7: the same learning
-        assert r["reward_mean"] == ref["reward_mean"] or r["step"] == 3
+        assert r["reward_mean"] == ref["reward_mean"]  # sampled from the same weights (step 1's update: the same)
         assert r["loss"] == pytest.approx(ref["loss"], rel=1e-3, abs=1e-6)
 
 
 # GSPO alone is not run: gspo_x2 is GSPO's single-agent path with 2G answers, grpo the same path with 2 updates
 @pytest.mark.parametrize("algorithm,updates", [("gspo_x2", 4), ("naive", 4), ("grpo", 2)])
-def test_baselines_run_to_completion(tmp_path, cache, algorithm, updates):
+def test_baselines_run_to_completion(reference_run, tmp_path, cache, algorithm, updates):
     out = tmp_path / "run"
     # one step, no evaluation: what differs between the algorithms is all in a step
     config = small_config(tmp_path, cache, algorithm={"name": algorithm}, run={"total_steps": 1},
                           data={"eval_every": 0})
-    run(config, out)
+    if algorithm == "gspo_x2":  # 2G answers a prompt: its own engines generate them
+        run(config, out)
+    else:
+        # G answers a prompt, from the initial weights: the answers and rewards of the reference run's first step are
+        # what this algorithm's own first step would generate (the same weights, prompts and sampling seed), so it
+        # trains on those (run.mode train_only): its whole step, with no Ray or engine to start (~10 s a run). The
+        # engine side does not depend on the algorithm but for G' (gspo_x2 above, the reference run)
+        config["run"]["mode"] = "train_only"
+        run(config, out, "--load-rollouts", str(reference_run.parent / "rollouts"))
     train = [r for r in metrics(out) if r["kind"] == "train"]
     assert len(train) == 2
     # B = 4, mini-batch 2 prompts x G = 2: M = n*B/2 = 4 with shared rollouts, B/2 = 2 alone, 2B/2 with 2G

@@ -10,7 +10,13 @@ import pytest
 
 from tests.e2e.test_hacpo_run import comparable, kill_tree, launch, metrics, run, small_config
 
-pytestmark = [pytest.mark.slow, pytest.mark.distributed]
+# under xdist, with test_hacpo_run.py on one worker: both use the session's reference run (tests/e2e/conftest.py)
+pytestmark = [pytest.mark.slow, pytest.mark.distributed, pytest.mark.xdist_group("reference_run")]
+# A resume's last launch with no checkpoint at its end, where no test reads that checkpoint: megatron's first save in a
+# process is ~4.5 s (as tests/e2e/test_multi_node.py's resumed run; a checkpoint is saved after the step is logged, so
+# the metrics are the same with or without it)
+NO_FINAL_CHECKPOINT = ("--set", "checkpoint.save_every=-1")
+
 
 def wait_for(predicate, proc, what, timeout=600, poll=0.2):
     deadline = time.time() + timeout
@@ -59,7 +65,7 @@ def test_sigterm_then_a_kill_then_resume_give_the_same_metrics(reference_run, tm
     finally:
         kill_tree(proc.pid)  # the whole job, Ray included, as a crash would
     assert latest.read_text().strip() == "step_00000002", "killed too late: step 3 was already saved"
-    run(config, out, "--resume")
+    run(config, out, "--resume", *NO_FINAL_CHECKPOINT)
     assert comparable(metrics(out)) == comparable(metrics(reference_run))
     from tests.reporting.test_trackers import expected_metrics, mlflow_client, mlflow_values
 
@@ -77,7 +83,8 @@ def test_dead_engines_and_a_dead_reward_actor_are_restarted_and_their_work_redon
     dies inside its scoring call in the third (restarted, the same answers scored again), and the engine dies
     while answering the held-out problems after the third (its weights pushed again, the same answers again)."""
     out = tmp_path / "run"
-    output = run(small_config(tmp_path, cache, checkpoint={"save_every": 1}), out,
+    # no checkpoint (small_config's default): none is read here, and checkpoints are saved after a step is logged
+    output = run(small_config(tmp_path, cache), out,
                  faults="kill_engine_in_sync_at_step=0,kill_engine_at_step=1,kill_reward_at_step=2,"
                         "kill_engine_in_eval_at_step=3")
     assert "died during their weight push" in output and "finishing the weight stream without it" in output
@@ -112,7 +119,7 @@ def test_rollout_one_step_ahead_through_faults_and_a_sigterm_then_resumed(refere
     assert "stopped by SIGTERM after step 2" in output, output[-3000:]
     assert "step 2: the engines of ['qwen3-tiny'] died while generating" in output, output[-3000:]
     assert "waiting for its restart" in output  # the reward actor's death really happened
-    run(config, out, "--resume", "--save-rollouts", str(saved))
+    run(config, out, "--resume", "--save-rollouts", str(saved), *NO_FINAL_CHECKPOINT)
 
     train = sorted((r for r in metrics(out) if r["kind"] == "train"), key=lambda r: (r["step"], r["agent"]))
     assert [(r["step"], r["agent"]) for r in train] == [(s, a) for s in (1, 2, 3) for a in ("llama-tiny", "qwen3-tiny")]
@@ -172,7 +179,7 @@ def test_a_damaged_latest_checkpoint_is_refused_and_the_previous_one_used(refere
     config = small_config(tmp_path, cache, checkpoint={"save_every": 1})  # the reference run's config
     shard = sorted((out / "checkpoints" / "step_00000003" / "qwen3-tiny" / "dist_checkpoint").glob("*.distcp"))[0]
     flip_bytes(shard, shard.stat().st_size // 2)  # 4 KiB in the middle, as a failing disk would
-    output = run(config, out, "--resume")
+    output = run(config, out, "--resume", *NO_FINAL_CHECKPOINT)
     assert f"step_00000003/qwen3-tiny/dist_checkpoint/{shard.name} is damaged" in output
     assert "resuming from step_00000002" in output
     assert comparable(metrics(out)) == comparable(metrics(reference_run))  # step 3 redone from step 2

@@ -12,7 +12,10 @@ import yaml
 
 from tests.e2e.test_hacpo_run import REPO, metrics, run, small_config
 
-pytestmark = [pytest.mark.slow, pytest.mark.distributed, pytest.mark.vllm]
+# under xdist, with tests/rollout/test_vllm.py and tests/orchestrator/test_shared_memory.py on one worker, one
+# after another: the run must leave nothing new in /dev/shm, and vLLM's engines there (and test_shared_memory.py's
+# stand-ins) keep files in /dev/shm while they live
+pytestmark = [pytest.mark.slow, pytest.mark.distributed, pytest.mark.vllm, pytest.mark.xdist_group("dev_shm")]
 
 
 def vllm_config(tmp, cache):

@@ -11,12 +11,17 @@ import subprocess
 import sys
 
 import psutil
+import pytest
 import ray
 
 from hacpo_megatron.orchestrator.actors import wait_until_alive
 from hacpo_megatron.orchestrator.ray_runtime import RayRuntime
 from hacpo_megatron.orchestrator.shared_memory import (record_engine_files, remove_files_of_ended_engine,
                                                        shared_memory_files, unlink_all)
+
+# under xdist, on the worker of tests/e2e/test_vllm_run.py, not beside it: the files it makes in /dev/shm would
+# count as that run's leftovers
+pytestmark = pytest.mark.xdist_group("dev_shm")
 
 CHILD = r"""
 import mmap, os, secrets, time

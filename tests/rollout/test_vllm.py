@@ -13,6 +13,9 @@ import pytest
 from hacpo_megatron.rollout.vllm_engine import cpu_thread_binding
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# under xdist, on the worker of tests/e2e/test_vllm_run.py, not beside it: its engines' files in /dev/shm would
+# count as that run's leftovers
+pytestmark = pytest.mark.xdist_group("dev_shm")
 
 
 def run_checks(work, *mode):
