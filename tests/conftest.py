@@ -55,6 +55,22 @@ def _weight(items) -> int:
     return next((rank for rank, markers in enumerate(HEAVY_MARKERS) if names & set(markers)), len(HEAVY_MARKERS))
 
 
+def _name_the_group(item) -> None:
+    """What xdist's worker does for `--dist loadgroup`: a test of an `xdist_group` gets `@GROUP` after its id, the
+    only thing the controller's scheduler sees. xdist 3.8.0 writes it into `item._nodeid`, which pytest 9.2 no longer
+    reads (a node's id is `item._id`), so the groups would reach the scheduler as plain files: the shared fixtures
+    built on both workers (tests/test_xdist_groups.py runs a suite to check)."""
+    group = item.get_closest_marker("xdist_group")
+    if group is None or "@" in item.nodeid.rsplit("::", 1)[-1] or not item.config.getvalue("loadgroup"):
+        return
+    suffixed = f"{item.nodeid}@{_unit(item)}"
+    try:
+        from _pytest.nodeid import coerce_node_id  # pytest >= 9.2
+    except ImportError:  # before 9.2, xdist's own renaming works
+        return
+    item._id = coerce_node_id(suffixed)
+
+
 @pytest.hookimpl(trylast=True)  # after -m has deselected what will not run
 def pytest_collection_modifyitems(config, items):
     """On an xdist worker only (the controller hands out units in the order the workers collected them): each
@@ -65,6 +81,7 @@ def pytest_collection_modifyitems(config, items):
     units: dict = {}
     for item in items:
         units.setdefault(_unit(item), []).append(item)
+        _name_the_group(item)
     order = sorted(units.values(), key=_weight)  # stable: collection order within each weight
     items[:] = [item for unit in order for item in unit]
 

@@ -39,3 +39,26 @@ def test_files_that_keep_files_in_dev_shm_share_one_worker():
     named = sorted(name for name, text in files.items() if DEV_SHM.search(text))
     assert {"e2e/test_vllm_run.py", "rollout/test_vllm.py", "orchestrator/test_shared_memory.py"} <= set(named)
     assert {name: group_of(files[name]) for name in named} == {name: "dev_shm" for name in named}
+
+
+def test_a_group_of_files_runs_on_one_worker_under_make_tests_options(tmp_path):
+    """A suite of its own under this conftest and `-n 2 --dist loadgroup`: the two files of one group on one worker
+    (each test writes its worker's name), a third file wherever."""
+    import os
+    import subprocess
+    import sys
+
+    for name, group in (("a", 'pytestmark = pytest.mark.xdist_group("shared")\n'),
+                        ("b", 'pytestmark = pytest.mark.xdist_group("shared")\n'), ("c", "")):
+        (tmp_path / f"test_{name}.py").write_text(
+            "import os\nimport pytest\n" + group + "\n\n@pytest.mark.parametrize('i', [1, 2, 3])\n"
+            f"def test_writes_its_worker(i):\n    with open('{name}.seen', 'a') as f:\n"
+            "        f.write(os.environ['PYTEST_XDIST_WORKER'] + '\\n')\n")
+    env = dict(os.environ, PYTHONPATH=str(TESTS.parent))
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "tests.conftest",
+                           "-n", "2", "--dist", "loadgroup", "."], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    seen = {name: (tmp_path / f"{name}.seen").read_text().split() for name in "abc"}
+    assert all(len(workers) == 3 for workers in seen.values())
+    assert len(set(seen["a"] + seen["b"])) == 1, seen  # the group, on one worker
