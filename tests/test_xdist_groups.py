@@ -48,6 +48,9 @@ def test_a_group_of_files_runs_on_one_worker_under_make_tests_options(tmp_path):
     import subprocess
     import sys
 
+    import pytest
+
+    pytest.importorskip("xdist", reason="pytest-xdist (setup.py's dev extra) is not installed")
     for name, group in (("a", 'pytestmark = pytest.mark.xdist_group("shared")\n'),
                         ("b", 'pytestmark = pytest.mark.xdist_group("shared")\n'), ("c", "")):
         (tmp_path / f"test_{name}.py").write_text(
