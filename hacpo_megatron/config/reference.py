@@ -102,7 +102,7 @@ LEADS: Dict[str, str] = {
     "data.train": "Training prompts:",
     "data.prompt_batch_size": "Prompts per RL step:",
     "data.eval_every": "Held-out evaluation every this many",
-    "reward.timeout_s": "Time limit in seconds for scoring one answer (a timeout scores 0),",
+    "reward.timeout_s": "Time limit for scoring one answer (a timeout scores 0),",
     "reward.range": "[low, high] every reward must lie in (a reward outside is an error);",
     "train.micro_batch_size": "Rows per micro-batch:",
     "train.grad_clip": "Gradient-norm clipping;",

@@ -169,7 +169,7 @@ class DataConfig:
 @dataclass
 class RewardConfig:
     function: str = "hacpo_megatron.rewards.math_verify.compute_score"
-    timeout_s: float = 5.0  # per response
+    timeout_s: float = 5.0  # per response, in CPU seconds of the scoring worker: load does not change a score
     num_workers: int = 2
     range: Optional[List[float]] = field(default_factory=lambda: [0.0, 1.0])  # null: any finite reward
 

@@ -19,7 +19,8 @@ Decisions a reader should know:
 - Time limits: math-verify's own limit uses ``signal.alarm`` (whole seconds), which only works in a
   process's main thread and cannot interrupt a long C-level call. We use it only when called directly
   in a main thread with no other alarm armed. Inside the reward pool (``pool.py``) the pool arms its own
-  finer timer, and math-verify's is switched off because setting it would cancel the pool's.
+  timers (the worker's CPU time, and the clock's as a backstop), and math-verify's is switched off: it counts
+  the clock, which a loaded machine stretches, and setting it would cancel the pool's.
   Called from any other thread there is no time limit: score through the pool instead.
 - This function never raises: malformed, empty or hostile input scores 0.0.
 """

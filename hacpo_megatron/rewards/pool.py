@@ -1,11 +1,16 @@
 """Scoring many responses in worker processes, with time limits, so that no model output can hang or kill a run.
 
-Two limits guard every response:
-- a soft limit (``timeout_s``): the worker arms a SIGALRM timer in its main thread around the reward
-  call; when it fires the call is abandoned, the response scores 0 and is counted as ``timeout``;
-- a hard limit (``kill_after_s``): a signal cannot interrupt a long C-level call (a huge integer power,
-  a regex), so the parent also watches the clock; a worker past the hard limit is killed and replaced,
-  its response scores 0 and is counted as ``killed``.
+Time is counted in the worker's CPU seconds, not on the clock: a response costs what it costs whatever else the
+machine runs, so a loaded machine (a busy cluster node, CI's two cores under four training ranks) scores the
+same answers the same way, and a resumed run reproduces the one it continues. The clock only catches a function
+that waits instead of computing (a socket, a lock), at ten times the CPU limit. Two limits guard every response:
+- a soft limit (``timeout_s`` CPU seconds, or ``wall_limit_s`` on the clock): the worker arms timers in its main
+  thread around the reward call (SIGPROF, SIGALRM); when one fires the call is abandoned, the response scores 0
+  and is counted as ``timeout``;
+- a hard limit (``kill_after_s`` CPU seconds, or twice ``wall_limit_s`` plus a second on the clock): a signal
+  cannot interrupt a long C-level call (a huge integer power, a regex), so the parent also reads the worker's
+  CPU time; a worker past a hard limit is killed and replaced, its response scores 0 and is counted as
+  ``killed``.
 Before anything is sent to a worker, a cheap screen in the parent (``answers.reject_reason``) scores 0 the
 responses that are huge, have no final answer, or whose answer is too long or too deeply nested, and
 counts each under its reason.
@@ -27,6 +32,8 @@ from dataclasses import dataclass
 from multiprocessing.connection import wait
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+import psutil
+
 from hacpo_megatron.rewards.answers import REJECT_REASONS, reject_oversize, reject_reason
 from hacpo_megatron.rewards.math_verify import compute_score
 
@@ -38,6 +45,7 @@ Screen = Callable[[Any], Optional[str]]
 WORKER_OUTCOMES = ("timeout", "killed", "crashed", "error")
 WORKER_START_TIMEOUT_S = 120.0  # importing sympy on a busy machine takes seconds; a broken env takes forever
 SHUTDOWN_GRACE_S = 2.0
+WALL_LIMIT_PER_CPU_LIMIT = 10  # a worker given a tenth of a core still scores by CPU time
 
 
 @dataclass(frozen=True)
@@ -58,9 +66,10 @@ class RewardTimeout(BaseException):
 # Worker side: runs in a child process, in its main thread.
 
 
-def _worker_main(conn, reward_fn: RewardFn, timeout_s: float) -> None:
+def _worker_main(conn, reward_fn: RewardFn, timeout_s: float, wall_limit_s: float) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it then closes the pool
-    signal.signal(signal.SIGALRM, _raise_timeout)
+    signal.signal(signal.SIGPROF, _raise_timeout)  # the CPU-time limit
+    signal.signal(signal.SIGALRM, _raise_timeout)  # the clock's, for a function that waits
     conn.send("ready")
     while True:
         try:
@@ -70,7 +79,7 @@ def _worker_main(conn, reward_fn: RewardFn, timeout_s: float) -> None:
         if message is None:
             return
         index, item = message
-        score, outcome, detail = _score_with_time_limit(reward_fn, item, timeout_s)
+        score, outcome, detail = _score_with_time_limit(reward_fn, item, timeout_s, wall_limit_s)
         conn.send((index, score, outcome, detail))
 
 
@@ -78,14 +87,20 @@ def _raise_timeout(signum, frame):
     raise RewardTimeout()
 
 
-def _score_with_time_limit(reward_fn: RewardFn, item: RewardItem, timeout_s: float) -> Tuple[float, str, str]:
+def _score_with_time_limit(
+    reward_fn: RewardFn, item: RewardItem, timeout_s: float, wall_limit_s: float
+) -> Tuple[float, str, str]:
     """(score, outcome, detail) of one response; any failure scores 0.0."""
     try:
-        signal.setitimer(signal.ITIMER_REAL, timeout_s)
+        # ITIMER_PROF counts this process's CPU time. The clock's timer is armed too, so that math-verify sees an
+        # outer limit and leaves its own (signal.alarm, on the clock) off: see math_verify.py.
+        signal.setitimer(signal.ITIMER_PROF, timeout_s)
+        signal.setitimer(signal.ITIMER_REAL, wall_limit_s)
         try:
             raw = reward_fn(item.data_source, item.solution_str, item.ground_truth, item.extra_info)
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.setitimer(signal.ITIMER_PROF, 0)
         score = float(raw)
     except RewardTimeout:
         return 0.0, "timeout", ""
@@ -103,16 +118,27 @@ def _score_with_time_limit(reward_fn: RewardFn, item: RewardItem, timeout_s: flo
 class _Worker:
     """A worker process, its end of the pipe, and the response it is scoring (None when idle)."""
 
-    def __init__(self, context, reward_fn: RewardFn, timeout_s: float):
+    def __init__(self, context, reward_fn: RewardFn, timeout_s: float, wall_limit_s: float):
         self.conn, child_conn = context.Pipe(duplex=True)
         self.process = context.Process(
-            target=_worker_main, args=(child_conn, reward_fn, timeout_s), daemon=True, name="hacpo-reward-worker"
+            target=_worker_main, args=(child_conn, reward_fn, timeout_s, wall_limit_s), daemon=True,
+            name="hacpo-reward-worker",
         )
         self.process.start()
         child_conn.close()
+        self._ps = psutil.Process(self.process.pid)
         self.ready = False
         self.started_at = time.monotonic()  # of the process until ready, then of the current response
+        self.cpu_at_start = 0.0  # the process's CPU seconds when the current response was sent
         self.index: Optional[int] = None
+
+    def cpu_seconds(self) -> float:
+        """CPU seconds the process has used (0.0 once it is gone: the pipe then tells what happened)."""
+        try:
+            times = self._ps.cpu_times()
+        except psutil.Error:
+            return 0.0
+        return times.user + times.system
 
     @property
     def busy(self) -> bool:
@@ -121,6 +147,7 @@ class _Worker:
     def assign(self, index: int, item: RewardItem) -> None:
         self.index = index
         self.started_at = time.monotonic()
+        self.cpu_at_start = self.cpu_seconds()
         self.conn.send((index, item))
 
     def stop(self) -> None:
@@ -154,8 +181,11 @@ class RewardPool:
         reward_fn: ``fn(data_source, solution_str, ground_truth, extra_info=None) -> float``; must be
             importable by name (a module-level function), since workers are spawned.
         num_workers: worker processes.
-        timeout_s: soft limit per response (a timer in the worker).
-        kill_after_s: hard limit per response, enforced by the parent; default ``2 * timeout_s + 1``.
+        timeout_s: soft limit per response, in the worker's CPU seconds (a timer in the worker).
+        kill_after_s: hard limit per response, in the worker's CPU seconds, enforced by the parent; default
+            ``2 * timeout_s + 1``.
+        wall_limit_s: soft limit on the clock, for a function that waits; default ``10 * timeout_s``. The hard one
+            on the clock is ``2 * wall_limit_s + 1``.
         screen: cheap parent-side check returning a reason to score 0 unparsed, or None. Default:
             ``answers.reject_reason`` for ``compute_score``, ``answers.reject_oversize`` for any other
             reward function (which may read answers in its own format).
@@ -168,6 +198,7 @@ class RewardPool:
         num_workers: int = 2,
         timeout_s: float = 5.0,
         kill_after_s: Optional[float] = None,
+        wall_limit_s: Optional[float] = None,
         screen: Optional[Screen] = None,
     ):
         if num_workers < 1:
@@ -177,6 +208,7 @@ class RewardPool:
         self.reward_fn = reward_fn
         self.timeout_s = timeout_s
         self.kill_after_s = kill_after_s if kill_after_s is not None else 2 * timeout_s + 1
+        self.wall_limit_s = wall_limit_s if wall_limit_s is not None else WALL_LIMIT_PER_CPU_LIMIT * timeout_s
         self.screen = screen or (reject_reason if reward_fn is compute_score else reject_oversize)
         self._context = multiprocessing.get_context("spawn")
         self._workers: List[_Worker] = [self._new_worker() for _ in range(num_workers)]
@@ -226,7 +258,7 @@ class RewardPool:
     # -- the scheduling loop ---------------------------------------------------------------------------
 
     def _new_worker(self) -> _Worker:
-        return _Worker(self._context, self.reward_fn, self.timeout_s)
+        return _Worker(self._context, self.reward_fn, self.timeout_s, self.wall_limit_s)
 
     def _dispatch(self, pending: deque, items: Sequence[RewardItem]) -> None:
         for worker in self._workers:
@@ -244,7 +276,7 @@ class RewardPool:
         busy = [worker for worker in self._workers if worker.busy]
         if not busy:
             return
-        timeout = max(0.0, min(self._deadline(worker) for worker in busy) - time.monotonic())
+        timeout = max(0.0, min(self._seconds_to_limit(worker) for worker in busy))
         ready_conns = wait([worker.conn for worker in busy], timeout=timeout)
         for worker in busy:
             if worker.conn not in ready_conns:
@@ -264,14 +296,17 @@ class RewardPool:
                 stats["first_error"] = detail
             worker.index = None
 
-    def _deadline(self, worker: _Worker) -> float:
-        limit = self.kill_after_s if worker.ready else WORKER_START_TIMEOUT_S
-        return worker.started_at + limit
+    def _seconds_to_limit(self, worker: _Worker) -> float:
+        """The least time before ``worker`` can pass a hard limit: its CPU time grows no faster than the clock."""
+        elapsed = time.monotonic() - worker.started_at
+        if not worker.ready:
+            return WORKER_START_TIMEOUT_S - elapsed
+        cpu_left = self.kill_after_s - (worker.cpu_seconds() - worker.cpu_at_start)
+        return min(cpu_left, 2 * self.wall_limit_s + 1 - elapsed)
 
     def _replace_overdue(self, scores: List[float], stats: Dict[str, Any]) -> None:
-        now = time.monotonic()
         for worker in list(self._workers):
-            if not worker.busy or now < self._deadline(worker):
+            if not worker.busy or self._seconds_to_limit(worker) > 0:
                 continue
             if not worker.ready:
                 raise RuntimeError(

@@ -8,11 +8,21 @@ import time
 def misbehaving_reward(data_source, solution_str, ground_truth, extra_info=None):
     """Does what ``solution_str`` says, to exercise each failure of a plug-in; else exact match."""
     if solution_str == "sleep forever":
-        time.sleep(1e9)  # interruptible: the worker's timer ends it
+        time.sleep(1e9)  # interruptible: the worker's timer on the clock ends it
     if solution_str == "hang in C":
-        # SIGALRM blocked: like a long C-level call, the worker's timer cannot end it; only the parent can.
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
+        # the timers' signals blocked: like a long C-level call that waits, the worker's timers cannot end it; only
+        # the parent can, on the clock (it uses no CPU)
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM, signal.SIGPROF})
         time.sleep(1e9)
+    if solution_str == "spin in C":
+        # the same, computing: only the parent can end it, by the CPU time it has used
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM, signal.SIGPROF})
+        spin(1e9)
+    if solution_str == "spin forever":
+        spin(1e9)  # interruptible: the worker's CPU timer ends it
+    if solution_str.startswith("spin "):  # "spin 0.3": right after 0.3 s of CPU time
+        spin(float(solution_str.split()[1]))
+        return 1.0
     if solution_str == "raise":
         raise RuntimeError("plug-in bug")
     if solution_str == "nan":
@@ -20,6 +30,12 @@ def misbehaving_reward(data_source, solution_str, ground_truth, extra_info=None)
     if solution_str == "not a number":
         return "high"
     return 1.0 if solution_str == ground_truth else 0.0
+
+
+def spin(cpu_seconds: float) -> None:
+    end = time.process_time() + cpu_seconds
+    while time.process_time() < end:
+        pass
 
 
 def exact_match(data_source, solution_str, ground_truth, extra_info=None):

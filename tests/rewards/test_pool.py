@@ -1,6 +1,8 @@
 """The reward pool under hostile input and misbehaving plug-ins: bounded time, no crash, nothing left behind."""
 
 import os
+import signal
+import threading
 import time
 
 import psutil
@@ -28,7 +30,8 @@ def math_pool():
 
 @pytest.fixture(scope="module")
 def plugin_pool():
-    with RewardPool(misbehaving_reward, num_workers=2, timeout_s=1.0, kill_after_s=2.5) as pool:
+    # limits in CPU seconds: 1.0 soft, 2.5 hard; on the clock (a plug-in that waits): 4.0 soft, 9.0 hard
+    with RewardPool(misbehaving_reward, num_workers=2, timeout_s=1.0, kill_after_s=2.5, wall_limit_s=4.0) as pool:
         yield pool
 
 
@@ -81,6 +84,44 @@ def test_sleeping_plugin_times_out_and_run_continues(plugin_pool):
     assert stats["timeout"] == 1 and stats["killed"] == 0
 
 
+def test_computing_plugin_times_out_on_its_cpu_time(plugin_pool):
+    scores, stats = plugin_pool.score(items(["spin forever", "42", "spin 0.05"]))
+    assert scores == [0.0, 1.0, 1.0]
+    assert stats["timeout"] == 1 and stats["killed"] == 0
+
+
+def test_plugin_computing_beyond_signals_is_killed_by_its_cpu_time_not_the_clock():
+    # the clock's hard limit is 121 s away: only the CPU time can end "spin in C" this soon
+    with RewardPool(misbehaving_reward, num_workers=1, timeout_s=0.5, kill_after_s=1.0, wall_limit_s=60) as pool:
+        scores, stats = pool.score(items(["spin in C", "42"]))
+    assert scores == [0.0, 1.0]
+    assert stats["killed"] == 1 and stats["timeout"] == 0
+    assert stats["seconds"] < 60
+
+
+def test_a_starved_worker_scores_as_an_idle_one():
+    # A loaded machine must not change a score (a resumed run reproduces the one it continues): the worker is
+    # stopped for 3 s of the clock in the middle of a response that needs 0.6 s of CPU, against CPU limits of
+    # 1 s (soft) and 2 s (hard). Timed on the clock, as before, this response timed out or was killed.
+    with RewardPool(misbehaving_reward, num_workers=1, timeout_s=1.0, kill_after_s=2.0, wall_limit_s=60) as pool:
+        assert pool.score(items(["42"]))[0] == [1.0]  # started and ready
+        pid = pool.worker_pids()[0]
+
+        def starve():
+            time.sleep(0.2)
+            os.kill(pid, signal.SIGSTOP)
+            time.sleep(3.0)
+            os.kill(pid, signal.SIGCONT)
+
+        thread = threading.Thread(target=starve)
+        thread.start()
+        scores, stats = pool.score(items(["spin 0.6"]))
+        thread.join()
+    assert scores == [1.0]
+    assert stats["ok"] == 1 and stats["timeout"] == 0 and stats["killed"] == 0
+    assert stats["seconds"] > 3.0  # it was starved while it scored
+
+
 def test_plugin_stuck_beyond_signals_is_killed_and_replaced(plugin_pool):
     pids_before = plugin_pool.worker_pids()
     scores, stats = plugin_pool.score(items(["hang in C", "42", "42", "42"]))
@@ -112,7 +153,7 @@ def test_plugin_pool_screens_only_size():
 def test_close_leaves_no_child_process():
     me = psutil.Process(os.getpid())
     before = {child.pid for child in me.children(recursive=True)}
-    pool = RewardPool(misbehaving_reward, num_workers=2, timeout_s=0.3, kill_after_s=1.0)
+    pool = RewardPool(misbehaving_reward, num_workers=2, timeout_s=0.3, kill_after_s=1.0, wall_limit_s=0.5)
     pids = pool.worker_pids()
     pool.score(items(["42", "sleep forever"]))
     pool.close()
