@@ -343,7 +343,8 @@ def compute_sequence_logprobs(
     share a document, PackedBatch), by length without.
 
     `route_replay` (an MoE model's RouteReplay): the sequences it holds routes of are routed as those say, the others
-    live; the result's `routes` then holds every sequence's routes as this pass took them (at PP 1).
+    live; the result's `routes` then holds every sequence's routes as this pass took them (in this pipeline stage's
+    MoE layers).
 
     At expert parallelism > 1 also collective over the EP ranks, which are data-parallel replicas: each runs as many
     micro-batches as the most any of them runs (`in_step_with_expert_peers`), with no sequences too.
@@ -359,8 +360,6 @@ def compute_sequence_logprobs(
         return SequenceLogProbs(empty, empty.bool(), torch.zeros(0), torch.zeros(0, dtype=torch.long),
                                 routes=[] if route_replay is not None else None)  # no sequence, no routes
     if route_replay is not None:
-        if agent.parallel.pp_size > 1:
-            raise ValueError("routing replay runs at pipeline parallelism 1 (MoE agents do)")
         for mb in micro_batches:
             mb.routes = route_replay.layout(mb, sequences)
     lengths = torch.tensor([len(r) for _, r in sequences], dtype=torch.long)

@@ -9,9 +9,11 @@ recorded or given, and imposed on the model's routers in later passes. The state
     replay.unpack(packed, seqs)                  # those routes back per sequence (its prompt, then its response)
 
 A route is a token's top-k expert indices in every MoE layer: a sequence's routes are [prompt + response tokens,
-layers, k] (int16; -1 where there is none). Replaying fixes only the indices: the router still computes its logits
-and the routing weights of the fixed experts from them (megatron's RouterReplay gathers the scores at the given
-indices; slime and verl replay the same way), so the weights keep their gradient.
+layers, k] (int16; -1 where there is none). At pipeline parallelism > 1 a stage's RouteReplay holds and imposes its
+own layers' routes: a pass records those, and routes of the whole model (an engine's) are cut to them when kept.
+Replaying fixes only the indices: the router still computes its logits and the routing weights of the fixed experts
+from them (megatron's RouterReplay gathers the scores at the given indices; slime and verl replay the same way), so
+the weights keep their gradient.
 
 Why not megatron's RouterReplay (`moe_enable_routing_replay`): its instances are one process-wide list
 (`RouterReplay.global_router_replay_instances`) set and read by static methods, so two MoE models on one rank (several
@@ -32,7 +34,7 @@ from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
-from hacpo_megatron.models.moe_router import routers
+from hacpo_megatron.models.moe_router import model_layer_indices, routers
 
 Key = Tuple[Tuple[int, ...], Tuple[int, ...]]
 REPLAY_MODES = ("off", "r2", "r3")
@@ -68,7 +70,8 @@ class RouteReplay:
             if router.router_replay is not None:
                 raise ValueError("megatron's process-wide RouterReplay is on (moe_enable_routing_replay): leave it "
                                  "off, the model's own RouteReplay takes its place")
-        self.num_layers, self.top_k = len(self.routers), int(config.moe_router_topk)
+        self.num_layers, self.top_k = len(self.routers), int(config.moe_router_topk)  # this pipeline stage's layers
+        self.model_layers, self.layers = int(config.num_layers), model_layer_indices(self.routers)
         self._store: Dict[Key, torch.Tensor] = {}
         self._target: Optional[torch.Tensor] = None  # [router tokens, layers, k] long; -1: live
         self._recorded: Optional[List[Optional[torch.Tensor]]] = None
@@ -85,12 +88,15 @@ class RouteReplay:
 
     def keep(self, sequences: Sequence[Tuple[Sequence[int], Sequence[int]]],
              routes: Sequence[Optional[torch.Tensor]]) -> None:
-        """Keep each sequence's routes ([prompt + response tokens, layers, k]); None: nothing kept for it."""
+        """Keep each sequence's routes ([prompt + response tokens, layers, k]: this stage's MoE layers, or the whole
+        model's, of which this stage keeps its own); None: nothing kept for it."""
         if len(sequences) != len(routes):
             raise ValueError(f"{len(routes)} routes for {len(sequences)} sequences")
         for (prompt, response), route in zip(sequences, routes):
             if route is None:
                 continue
+            if route.dim() == 3 and route.shape[1] == self.model_layers != self.num_layers:
+                route = route[:, self.layers]  # the whole model's routes: this stage's layers
             shape = (len(prompt) + len(response), self.num_layers, self.top_k)
             if tuple(route.shape) != shape:
                 raise ValueError(f"routes of shape {tuple(route.shape)} for a sequence needing {shape} "

@@ -55,6 +55,15 @@ def routers(model: Any) -> List[Any]:
     return [module for module in model.modules() if isinstance(module, TopKRouter)]
 
 
+def model_layer_indices(found: List[Any]) -> List[int]:
+    """Each router's MoE layer in the whole model (0-based; every layer of a supported model is MoE): at pipeline
+    parallelism > 1 a stage holds some of the layers, and megatron numbers them over the whole model."""
+    numbers = [router.layer_number for router in found]
+    if any(number is None for number in numbers):
+        return list(range(len(found)))  # a model whose layers were never numbered: one stage
+    return [int(number) - 1 for number in numbers]
+
+
 def freeze_routers(model: Any) -> int:
     """The routers' weights take no gradient (so the optimizer, built afterwards, leaves them out); how many routers
     were frozen. Tokens are routed as before; the experts and every other weight still train."""
@@ -96,16 +105,15 @@ class RouterLoad:
             raise ValueError("the model has no mixture-of-experts routers")
         config = self.routers[0].config
         self.num_experts, self.top_k = int(config.num_moe_experts), int(config.moe_router_topk)
+        # the sums are laid out over every MoE layer of the model: a pipeline stage fills its own layers' and the
+        # trainer adds the stages' (zeros elsewhere); at pipeline parallelism 1 this stage is the model
+        self.num_layers = int(config.num_layers)
+        self.layers = model_layer_indices(self.routers)
         self.aux_loss_coeff = float(aux_loss_coeff)
         self._update_tokens: Optional[int] = None  # T of the update being recorded; None: not recording
         self._sums: Optional[torch.Tensor] = None
         self._handles = [router.register_forward_hook(functools.partial(self._after_routing, layer))
-                         for layer, router in enumerate(self.routers)]
-
-    @property
-    def num_layers(self) -> int:
-        """MoE layers of this model (of this pipeline stage)."""
-        return len(self.routers)
+                         for layer, router in zip(self.layers, self.routers)]
 
     def begin_update(self, tokens: int) -> None:
         """Record an update whose micro-batches hold `tokens` router tokens in all (every data-parallel replica's,
@@ -115,9 +123,10 @@ class RouterLoad:
         self._update_tokens, self._sums = int(tokens), None
 
     def end_update(self) -> torch.Tensor:
-        """This rank's sums since `begin_update` (float64, on the CPU; zeros where no micro-batch ran): per layer and
-        expert the tokens routed to it, per layer sum_b T_b aux_{b,l}, per layer sum_b T_b. Sums over data-parallel
-        replicas are the update's (`router_metrics`)."""
+        """This rank's sums since `begin_update` (float64, on the CPU; zeros where no micro-batch ran, and at the
+        layers of other pipeline stages): per layer and expert the tokens routed to it, per layer sum_b T_b aux_{b,l},
+        per layer sum_b T_b. Added over data-parallel replicas and pipeline stages they are the update's
+        (`router_metrics`)."""
         sums = self._sums.cpu() if self._sums is not None else torch.zeros(sum_size(self.num_layers, self.num_experts),
                                                                               dtype=torch.float64)
         self._update_tokens, self._sums = None, None
@@ -164,8 +173,8 @@ def sum_size(num_layers: int, num_experts: int) -> int:
 
 
 def router_metrics(sums: torch.Tensor, num_layers: int, num_experts: int) -> Dict[str, float]:
-    """ROUTER_METRICS from an update's sums (`RouterLoad.end_update`, added over data-parallel replicas); NaN where no
-    token was routed."""
+    """ROUTER_METRICS from an update's sums (`RouterLoad.end_update`, added over data-parallel replicas and pipeline
+    stages); NaN where no token was routed."""
     L, E = num_layers, num_experts
     sums = sums.double().cpu()
     counts, aux, tokens = sums[:L * E].view(L, E), sums[L * E:L * E + L], sums[L * E + L:]

@@ -165,7 +165,8 @@ def layout_problems(shape: Dict[str, int], tp: int, pp: int, model: str, *, dp: 
                               "up here; use TP=1")
     if training and pp > 1 and "pipeline" not in problems:
         problems["pipeline"] = (f"PP={pp} with the mixture of experts of {model} is not supported yet in training: "
-                                "the routers' figures and routing replay are kept for one pipeline stage; use PP=1")
+                                "the routers' figures and routing replay are kept per stage, but an MoE update in "
+                                "pipeline stages has not been run against PP=1 yet; use PP=1")
     if etp > 1:
         problems["expert_tensor"] = (f"ETP={etp} (tensor parallelism inside each expert) is not supported yet: only "
                                      "ETP=1 has been built and run here; spread the experts with parallel.expert")

@@ -371,12 +371,12 @@ class AgentTrainer:
             if bins and RATIO_HISTOGRAM in result:
                 totals[len(keys):] += result[RATIO_HISTOGRAM]
         buffer = torch.cat([totals, router]).to(collective_device())
-        if self.parallel.is_last_stage and self.parallel.dp_size > 1:
+        if self.parallel.dp_size > 1 and (self.parallel.is_last_stage or load is not None):
             dist.all_reduce(buffer, group=self.parallel.dp_group)
-        # only the last stage computed a loss; every rank reports it (an MoE model's routers on other stages would
-        # need their own sums added over the pipeline: MoE agents run at PP 1 so far, presets.layout_problems)
+        # Only the last stage computed a loss (the other stages' totals are zeros), and each stage routed its own MoE
+        # layers (zeros at the others' layers): the sum over the pipeline is every rank's report.
         if self.parallel.pp_size > 1:
-            dist.broadcast(buffer, group=self.parallel.pp_group, group_src=self.parallel.pp_size - 1)
+            dist.all_reduce(buffer, group=self.parallel.pp_group)
         totals, router = buffer.cpu().split([len(keys) + bins, len(router)])
         histogram = totals[len(keys):] if bins else None
         t = dict(zip(keys, totals[:len(keys)].tolist()))

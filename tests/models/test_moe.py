@@ -116,7 +116,7 @@ def test_layouts_other_than_tp1_pp1_are_refused_by_their_key(tmp_path):
     shape = attention_shape(PRESETS["qwen3-moe-tiny"])
     assert layout_problems(shape, 1, 1, "qwen3-moe-tiny") == {}
     assert "sequence parallelism" in layout_problems(shape, 2, 1, "qwen3-moe-tiny")["tensor"]
-    assert "routing replay" in layout_problems(shape, 1, 2, "qwen3-moe-tiny")["pipeline"]
+    assert "has not been run against PP=1" in layout_problems(shape, 1, 2, "qwen3-moe-tiny")["pipeline"]
     # a model built for its weights and eval passes (the conversion tools) takes them
     assert layout_problems(shape, 2, 2, "qwen3-moe-tiny", training=False) == {}
     assert layout_problems(attention_shape(PRESETS["tiny-qwen3"]), 2, 2, "tiny-qwen3") == {}  # dense: unchanged
@@ -825,6 +825,52 @@ def test_two_moe_agents_on_one_rank_keep_their_routes_apart(moe_folder, world, m
     for mine, its in zip(a.ddp_model.module.parameters(), alone.ddp_model.module.parameters()):
         assert torch.equal(mine, its)
     assert RouterReplay.global_router_replay_instances == []
+
+
+def test_a_pipeline_stage_keeps_its_own_layers_routes_and_router_sums(moe_folder, world):
+    """At PP > 1 a stage holds some of the model's layers (tests/models/test_moe_pipeline.py runs them). Each layer of
+    a PP 1 model taken as a stage: its RouteReplay keeps its own layer of the engine's whole-model routes, and its
+    RouterLoad's sums sit at its layer's place, zeros elsewhere, so that the stages' sums add up to the model's
+    exactly (what the trainer's sum over the pipeline does)."""
+    from hacpo_megatron.models.moe_replay import RouteReplay
+    from hacpo_megatron.models.moe_router import RouterLoad, router_metrics, routers
+
+    agent = build_from_folder(moe_folder, world)
+    layers = list(agent.model.decoder.layers)
+    sequences = [([3, 4, 5], [6, 7]), ([3, 4, 5], [8, 9, 10])]
+    whole_routes = random_routes(sequences, seed=4)
+    for index, layer in enumerate(layers):
+        replay = RouteReplay(layer)
+        assert (replay.num_layers, replay.model_layers, replay.layers) == (1, LAYERS, [index])
+        replay.keep(sequences, whole_routes)
+        for sequence, route in zip(sequences, whole_routes):
+            assert torch.equal(replay.routes_of(*sequence), route[:, [index]])
+        replay.keep(sequences[:1], [whole_routes[0][:, [index]]])  # a pass's routes: the stage's layer already
+        assert torch.equal(replay.routes_of(*sequences[0]), whole_routes[0][:, [index]])
+        for router in routers(layer):
+            router.router_replay = None  # the layer's router back as it was
+
+    tokens = tokens_batch()
+    model_load, stage_loads = RouterLoad(agent.model), [RouterLoad(layer) for layer in layers]
+    assert [load.layers for load in stage_loads] == [[0], [1]] and model_load.layers == [0, 1]
+    for load in (model_load, *stage_loads):
+        load.begin_update(tokens.numel())
+    positions = torch.arange(tokens.shape[1]).expand_as(tokens)
+    agent.model.train()
+    with torch.enable_grad():
+        agent.model(tokens, positions, attention_mask=None)
+    whole, parts = model_load.end_update(), [load.end_update() for load in stage_loads]
+    E = EXPERTS
+    for index, part in enumerate(parts):
+        mine = torch.zeros_like(part, dtype=torch.bool)
+        mine[index * E:(index + 1) * E] = True
+        mine[LAYERS * E + index] = mine[LAYERS * E + LAYERS + index] = True
+        assert not part[~mine].any() and part[mine].any()
+    assert torch.equal(parts[0] + parts[1], whole)
+    figures = router_metrics(whole, model_load.num_layers, E)
+    assert all(value == value for value in figures.values())  # every layer routed: no NaN
+    for load in (model_load, *stage_loads):
+        load.remove()
 
 
 def test_the_routing_replay_key_is_checked_where_it_is_written(tmp_path):
