@@ -83,8 +83,28 @@ def _worker_main(conn, reward_fn: RewardFn, timeout_s: float, wall_limit_s: floa
         conn.send((index, score, outcome, detail))
 
 
+_scoring = False  # in the worker: a reward call is under way, and a timer's signal ends it
+
+
 def _raise_timeout(signum, frame):
-    raise RewardTimeout()
+    if _scoring:  # one timer may fire while the other is being disarmed: after the call it means nothing
+        raise RewardTimeout()
+
+
+def _arm(timeout_s: float, wall_limit_s: float) -> None:
+    global _scoring
+    _scoring = True
+    # ITIMER_PROF counts this process's CPU time. The clock's timer is armed too, so that math-verify sees an outer
+    # limit and leaves its own (signal.alarm, on the clock) off: see math_verify.py.
+    signal.setitimer(signal.ITIMER_PROF, timeout_s)
+    signal.setitimer(signal.ITIMER_REAL, wall_limit_s)
+
+
+def _disarm() -> None:
+    global _scoring
+    _scoring = False
+    signal.setitimer(signal.ITIMER_REAL, 0)
+    signal.setitimer(signal.ITIMER_PROF, 0)
 
 
 def _score_with_time_limit(
@@ -92,17 +112,14 @@ def _score_with_time_limit(
 ) -> Tuple[float, str, str]:
     """(score, outcome, detail) of one response; any failure scores 0.0."""
     try:
-        # ITIMER_PROF counts this process's CPU time. The clock's timer is armed too, so that math-verify sees an
-        # outer limit and leaves its own (signal.alarm, on the clock) off: see math_verify.py.
-        signal.setitimer(signal.ITIMER_PROF, timeout_s)
-        signal.setitimer(signal.ITIMER_REAL, wall_limit_s)
+        _arm(timeout_s, wall_limit_s)
         try:
             raw = reward_fn(item.data_source, item.solution_str, item.ground_truth, item.extra_info)
         finally:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-            signal.setitimer(signal.ITIMER_PROF, 0)
+            _disarm()
         score = float(raw)
     except RewardTimeout:
+        _disarm()  # again: a timer that fired inside the first one cut it short
         return 0.0, "timeout", ""
     except Exception as exc:  # a plug-in's bug must not end the run; it is counted and reported
         return 0.0, "error", f"{type(exc).__name__}: {exc}"[:300]

@@ -1,7 +1,9 @@
 """Reward plug-ins for the tests. Module-level, so that spawned reward workers can import them by name."""
 
 import math
+import os
 import signal
+import threading
 import time
 
 
@@ -22,6 +24,10 @@ def misbehaving_reward(data_source, solution_str, ground_truth, extra_info=None)
         spin(1e9)  # interruptible: the worker's CPU timer ends it
     if solution_str.startswith("spin "):  # "spin 0.3": right after 0.3 s of CPU time
         spin(float(solution_str.split()[1]))
+        return 1.0
+    if solution_str == "stray alarm":
+        # a timer's signal that reaches the worker after the call, while it waits for the next answer
+        threading.Thread(target=lambda: (time.sleep(0.3), os.kill(os.getpid(), signal.SIGALRM)), daemon=True).start()
         return 1.0
     if solution_str == "raise":
         raise RuntimeError("plug-in bug")

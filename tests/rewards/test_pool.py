@@ -122,6 +122,17 @@ def test_a_starved_worker_scores_as_an_idle_one():
     assert stats["seconds"] > 3.0  # it was starved while it scored
 
 
+def test_a_timers_signal_after_the_call_is_ignored():
+    # a timer that fires while the worker waits for the next answer (as one can while the other is disarmed) must not
+    # end the worker: the next answers score, nothing crashed, the same process
+    with RewardPool(misbehaving_reward, num_workers=1, timeout_s=1.0) as pool:
+        pid = pool.worker_pids()[0]
+        assert pool.score(items(["stray alarm"]))[0] == [1.0]
+        time.sleep(1.0)  # the signal arrives while the worker is idle
+        scores, stats = pool.score(items(["42", "42"]))
+        assert scores == [1.0, 1.0] and stats["crashed"] == 0 and pool.worker_pids() == [pid]
+
+
 def test_plugin_stuck_beyond_signals_is_killed_and_replaced(plugin_pool):
     pids_before = plugin_pool.worker_pids()
     scores, stats = plugin_pool.score(items(["hang in C", "42", "42", "42"]))
