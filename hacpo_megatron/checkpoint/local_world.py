@@ -39,7 +39,7 @@ import sys
 import time
 import traceback
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -52,6 +52,9 @@ from hacpo_megatron.parallel.groups import AgentParallel, create_agent_groups, i
 HOST = "127.0.0.1"
 STOP_GRACE_S = 5.0  # after SIGTERM, before SIGKILL
 EXIT_GRACE_S = 60.0  # for a worker to exit once every rank returned its result (then it is stopped)
+# after a first failure, for the others to be seen: a worker killed in a collective makes its peers raise a connection
+# error, which can reach the parent before the killed worker's exit does
+FAILURE_GRACE_S = 2.0
 
 
 class WorkerError(RuntimeError):
@@ -172,6 +175,7 @@ def _spawn_and_wait(ref: _FunctionRef, args: tuple, kwargs: dict, world_size: in
     store = dist.TCPStore(HOST, 0, world_size=None, is_master=True, wait_for_workers=False)
     processes: List[Any] = []
     connections: List[Any] = []
+    leftovers: list = []
     try:
         for rank in range(world_size):
             receiver, sender = context.Pipe(duplex=False)
@@ -186,9 +190,9 @@ def _spawn_and_wait(ref: _FunctionRef, args: tuple, kwargs: dict, world_size: in
             sender.close()
             processes.append(process)
             connections.append(receiver)
-        result, failure = _wait(processes, connections)
+        result, failure, leftovers = _wait(processes, connections)
     finally:
-        _stop(processes)
+        _stop(processes, leftovers)
         for connection in connections:
             connection.close()
         del store
@@ -200,8 +204,9 @@ def _spawn_and_wait(ref: _FunctionRef, args: tuple, kwargs: dict, world_size: in
     return result
 
 
-def _wait(processes: List[Any], connections: List[Any]) -> Tuple[Any, Optional[Tuple[BaseException, str]]]:
-    """Until every worker reported its result and exited, or one failed: (rank 0's result, failure)."""
+def _wait(processes: List[Any], connections: List[Any]) -> Tuple[Any, Optional[Tuple[BaseException, str]], list]:
+    """Until every worker reported its result and exited, or one failed: (rank 0's result, failure, the processes the
+    workers had started when the first failure came: a worker that exits in the grace after it leaves them behind)."""
     from multiprocessing.connection import wait
 
     results: Dict[int, Any] = {}
@@ -222,11 +227,20 @@ def _wait(processes: List[Any], connections: List[Any]) -> Tuple[Any, Optional[T
             _, when, error, text = message
             errors.append((when, rank, error, text))
 
-    while running and not errors:
-        finished = len(results) == len(processes)  # the work is done: only the exits remain
-        ready = wait(list(open_connections) + list(running), timeout=EXIT_GRACE_S if finished else None)
+    failed_by: Optional[float] = None  # when to stop collecting failures
+    leftovers: list = []
+    while running:
+        if errors and failed_by is None:
+            failed_by = time.monotonic() + FAILURE_GRACE_S
+            leftovers = _descendants([processes[rank] for rank in running.values()])
+        if failed_by is not None:
+            timeout: Optional[float] = max(0.0, failed_by - time.monotonic())
+        else:
+            finished = len(results) == len(processes)  # the work is done: only the exits remain
+            timeout = EXIT_GRACE_S if finished else None
+        ready = wait(list(open_connections) + list(running), timeout=timeout)
         if not ready:
-            break  # a worker that does not exit after returning its result is stopped by the caller
+            break  # the failures are in; or a worker that does not exit after its result: the caller stops it
         for connection in [r for r in ready if r in open_connections]:
             receive(connection)
         for sentinel in [r for r in ready if r in running]:
@@ -241,9 +255,12 @@ def _wait(processes: List[Any], connections: List[Any]) -> Tuple[Any, Optional[T
                     f"worker rank {rank} of {len(processes)} {_exit_description(process.exitcode)} before it "
                     f"finished; the other workers were stopped"), ""))
     if errors:
-        _, rank, error, text = min(errors, key=lambda e: e[0])  # the first failure; later ones follow from it
-        return None, (error, text)
-    return results.get(0), None
+        # A worker that died without a word (a signal, a crash) is the cause of its peers' errors, whenever the parent
+        # saw it; otherwise the first error reported: later ones follow from it.
+        silent = [e for e in errors if not e[3]]
+        _, rank, error, text = min(silent or errors, key=lambda e: e[0])
+        return None, (error, text), leftovers
+    return results.get(0), None, leftovers
 
 
 def _exit_description(exitcode: Optional[int]) -> str:
@@ -255,20 +272,24 @@ def _exit_description(exitcode: Optional[int]) -> str:
     return f"exited with code {exitcode}"
 
 
-def _stop(processes: List[Any]) -> None:
-    """Stop every worker still running and every process it started, by process id."""
-    alive = [p for p in processes if p.pid is not None and p.exitcode is None and p.is_alive()]
-    if not alive:
-        return
-    descendants = []
-    try:
-        import psutil
+def _descendants(processes: List[Any]) -> list:
+    """Every process the given workers started (psutil.Process), as now."""
+    import psutil
 
-        for process in alive:
+    found = []
+    for process in processes:
+        if process.pid is not None and process.exitcode is None:
             with contextlib.suppress(psutil.Error):
-                descendants += psutil.Process(process.pid).children(recursive=True)
-    except ImportError:
-        psutil = None
+                found += psutil.Process(process.pid).children(recursive=True)
+    return found
+
+
+def _stop(processes: List[Any], leftovers: Sequence[Any] = ()) -> None:
+    """Stop every worker still running and every process it started (or had started: `leftovers`), by process id."""
+    import psutil
+
+    alive = [p for p in processes if p.pid is not None and p.exitcode is None and p.is_alive()]
+    descendants = list(leftovers) + _descendants(alive)
     for process in alive:
         with contextlib.suppress(OSError):
             process.terminate()

@@ -179,6 +179,9 @@ def test_launcher_returns_rank_0_result_with_one_thread_per_worker(tmp_path):
     ("raise", "launch_worker: error: rank 1 found bad input in data.jsonl"),
     ("die", "launch_worker: error: worker rank 1 of 2 was killed by SIGKILL before it finished; "
             "the other workers were stopped"),
+    # the peer's connection error reaches the parent first: the death that caused it is still the one named
+    ("die_late", "launch_worker: error: worker rank 1 of 2 was killed by SIGKILL before it finished; "
+                 "the other workers were stopped"),
 ])
 def test_a_failing_rank_stops_the_others_instead_of_hanging(tmp_path, mode, message):
     start = time.time()

@@ -6,7 +6,9 @@ Each rank writes its pid to PID_DIR/rank<R>.pid, then
   ok:    all-reduces its rank + 1 and returns what the world looked like (rank 0's result is printed as JSON);
   raise: rank 0 starts a child process (`sleep`, pid in PID_DIR/grandchild.pid) and waits in a barrier that
          rank 1 never reaches: rank 1 raises ValueError (bad input) -> one line on stderr, exit code 2;
-  die:   rank 1 is killed by SIGKILL while rank 0 waits in the barrier -> WorkerError, exit code 2.
+  die:   rank 1 is killed by SIGKILL while rank 0 waits in the barrier -> WorkerError, exit code 2;
+  die_late: the same, seen by the parent in the order a loaded machine can show it: rank 0's connection error
+         (what rank 1's death makes gloo raise in its peers) first, rank 1's death 0.5 s later -> the same.
 Without the launcher stopping rank 0, the last two would hang for gloo's 30-minute timeout.
 """
 from __future__ import annotations
@@ -16,6 +18,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -38,6 +41,11 @@ def collective(mode: str, pid_dir: str) -> dict:
     if mode == "raise" and rank == 1:
         raise ValueError("rank 1 found bad input in data.jsonl")
     if mode == "die" and rank == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    if mode == "die_late":
+        if rank == 0:
+            raise RuntimeError("[gloo/transport/tcp/pair.cc] Read error: Connection reset by peer")
+        time.sleep(0.5)
         os.kill(os.getpid(), signal.SIGKILL)
     if mode != "ok":
         dist.barrier()  # rank 1 never comes
