@@ -140,7 +140,7 @@ def build_agent_model(
     Call only on the agent's members; not collective beyond the agent (tied embeddings with PP > 1
     all-reduce the output-layer copy over the agent's embedding group). `attention`: `train.attention`.
     `training` False: a model for its weights and its passes in eval mode only (the conversion tools), which takes
-    the layouts training does not take yet (a mixture of experts at TP > 1 or PP > 1: presets.layout_problems).
+    the layouts training does not take yet (a mixture of experts at TP > 1: presets.layout_problems).
     """
     megatron_cpu.apply()
     from megatron.core.models.gpt import GPTModel

@@ -141,7 +141,7 @@ def layout_problems(shape: Dict[str, int], tp: int, pp: int, model: str, *, dp: 
     Experts (docs/moe.md): megatron lays each stage's TP x DP ranks out a second time, for the experts, as
     ETP x EP x expert-DP (EP takes no ranks of its own), so EP x ETP must divide TP x DP, and EP the experts.
     `training` False: a model built for its weights and passes in eval mode only (the conversion tools), which a
-    mixture of experts also has at TP > 1 and PP > 1."""
+    mixture of experts also has at TP > 1."""
     heads, kv, layers = shape["num_attention_heads"], shape["num_key_value_heads"], shape["num_hidden_layers"]
     experts = shape.get("num_experts") or 0
     problems = {}
@@ -158,15 +158,11 @@ def layout_problems(shape: Dict[str, int], tp: int, pp: int, model: str, *, dp: 
             problems["expert_tensor"] = (f"ETP={etp} splits the experts of a mixture-of-experts model; {model} has "
                                          "none: leave parallel.expert_tensor at 1")
         return problems
-    # a mixture of experts trains at TP 1 and PP 1 so far (docs/moe.md)
+    # a mixture of experts trains at TP 1 so far (docs/moe.md)
     if training and tp > 1 and "tensor" not in problems:
         problems["tensor"] = (f"TP={tp} with the mixture of experts of {model} is not supported yet in training: "
                               "megatron's MoE layer trains at TP > 1 only with sequence parallelism, which is not set "
                               "up here; use TP=1")
-    if training and pp > 1 and "pipeline" not in problems:
-        problems["pipeline"] = (f"PP={pp} with the mixture of experts of {model} is not supported yet in training: "
-                                "the routers' figures and routing replay are kept per stage, but an MoE update in "
-                                "pipeline stages has not been run against PP=1 yet; use PP=1")
     if etp > 1:
         problems["expert_tensor"] = (f"ETP={etp} (tensor parallelism inside each expert) is not supported yet: only "
                                      "ETP=1 has been built and run here; spread the experts with parallel.expert")

@@ -110,13 +110,14 @@ def test_top_1_without_renormalisation_is_supported():
     assert arch.moe.top_k == 1 and transformer_config(arch).moe_router_pre_softmax
 
 
-def test_layouts_other_than_tp1_pp1_are_refused_by_their_key(tmp_path):
+def test_tp_above_1_is_refused_by_its_key_and_pp_takes_what_divides_the_layers(tmp_path):
     from hacpo_megatron.config import ConfigError, load_config
 
     shape = attention_shape(PRESETS["qwen3-moe-tiny"])
     assert layout_problems(shape, 1, 1, "qwen3-moe-tiny") == {}
     assert "sequence parallelism" in layout_problems(shape, 2, 1, "qwen3-moe-tiny")["tensor"]
-    assert "has not been run against PP=1" in layout_problems(shape, 1, 2, "qwen3-moe-tiny")["pipeline"]
+    assert layout_problems(shape, 1, 2, "qwen3-moe-tiny", dp=2, ep=2) == {}  # tests/models/test_moe_pipeline.py
+    assert "must divide the 2 layers" in layout_problems(shape, 1, 4, "qwen3-moe-tiny")["pipeline"]
     # a model built for its weights and eval passes (the conversion tools) takes them
     assert layout_problems(shape, 2, 2, "qwen3-moe-tiny", training=False) == {}
     assert layout_problems(attention_shape(PRESETS["tiny-qwen3"]), 2, 2, "tiny-qwen3") == {}  # dense: unchanged

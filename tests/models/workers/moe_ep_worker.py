@@ -75,6 +75,20 @@ def group_ranks(group) -> List[int]:
     return sorted(dist.get_process_group_ranks(group))
 
 
+def checked_weight_push(agent, hf, hf_config, parallel) -> dict:
+    """The agent's weights pushed to an embedded engine (other random weights) on its engine rank, check mode on:
+    on that rank {"push": what the check found}, the engine must end up with exactly the trainer's weights."""
+    engine = None
+    if dist.get_rank() == engine_rank(parallel):
+        engine = EmbeddedEngine(random_hf_model(hf.config, seed=5), None, eos_token_ids=[1], pad_token_id=0)
+    metrics = sync_weights(agent.model, hf_config, parallel, engine, check=True)
+    if engine is None:
+        return {}
+    return {"push": dict(equal=metrics.check.equal, max_abs_diff=metrics.check.max_abs_diff,
+                         missing=list(metrics.check.missing), unsent=list(metrics.check.unsent),
+                         tensors=metrics.tensors, expected=len(expected_hf_tensor_names(agent.arch)))}
+
+
 def run_layout(parallel, hf, hf_config) -> dict:
     rank = dist.get_rank()
     pg = parallel.pg_collection
@@ -85,15 +99,7 @@ def run_layout(parallel, hf, hf_config) -> dict:
     report["dispatcher"] = agent.config.moe_token_dispatcher_type
     report["local_experts"] = [list(layer.mlp.local_expert_indices) for layer in agent.model.decoder.layers]
 
-    # the weight push, check mode on: the engine must end up with exactly the trainer's weights
-    engine = None
-    if rank == engine_rank(parallel):
-        engine = EmbeddedEngine(random_hf_model(hf.config, seed=5), None, eos_token_ids=[1], pad_token_id=0)
-    metrics = sync_weights(agent.model, hf_config, parallel, engine, check=True)
-    if engine is not None:
-        report["push"] = dict(equal=metrics.check.equal, max_abs_diff=metrics.check.max_abs_diff,
-                              missing=list(metrics.check.missing), unsent=list(metrics.check.unsent),
-                              tensors=metrics.tensors, expected=len(expected_hf_tensor_names(agent.arch)))
+    report.update(checked_weight_push(agent, hf, hf_config, parallel))
 
     # a forward pass of this rank's own tokens, a shape of its own
     tokens = torch.randint(0, VOCAB, (1 + rank % 2, 6 + 3 * rank), generator=torch.Generator().manual_seed(10 + rank))
