@@ -327,9 +327,10 @@ def weaker_agent(curves: Mapping[str, Mapping[int, float]]) -> Optional[str]:
 def regime_verdict(agent: str, regime: Regime, weaker: Optional[str]) -> str:
     problems = []
     if regime.own_after_first is not None and regime.own_after_first > REGIME_OWN_CLIPPED_MAX:
-        problems.append(f"own clip {regime.own_after_first:.2f} > {REGIME_OWN_CLIPPED_MAX:.2f}")
+        # three decimals: a share just past the limit must not read "0.30 > 0.30"
+        problems.append(f"own clip {regime.own_after_first:.3f} > {REGIME_OWN_CLIPPED_MAX:.2f}")
     if agent == weaker and regime.right_through is not None and regime.right_through < REGIME_RIGHT_THROUGH_MIN:
-        problems.append(f"cross clip lets {regime.right_through:.2f} < {REGIME_RIGHT_THROUGH_MIN:.2f} through")
+        problems.append(f"cross clip lets {regime.right_through:.3f} < {REGIME_RIGHT_THROUGH_MIN:.2f} through")
     return "**outside**: " + "; ".join(problems) if problems else "in"
 
 

@@ -478,9 +478,11 @@ def test_the_regime_of_a_cell_from_per_update_figures_and_its_flags(tool):
     assert regime["b"].own_after_first == pytest.approx(0.15) and not regime["b"].from_step_means
     curves = {"a": {0: 0.6, 4: 0.7}, "b": {0: 0.3, 4: 0.5}}
     assert tool.weaker_agent(curves) == "b"
-    assert tool.regime_verdict("a", regime["a"], "b").startswith("**outside**: own clip 0.40")
+    assert tool.regime_verdict("a", regime["a"], "b").startswith("**outside**: own clip 0.400 > 0.30")
+    just_past = type(regime["a"])({}, 0.3014, None)  # past the limit by less than the second decimal
+    assert tool.regime_verdict("a", just_past, "b") == "**outside**: own clip 0.301 > 0.30"
     assert "cross clip" not in tool.regime_verdict("a", regime["a"], "b")  # a is the stronger: no cross flag
-    assert tool.regime_verdict("b", regime["b"], "b") == "**outside**: cross clip lets 0.05 < 0.30 through"
+    assert tool.regime_verdict("b", regime["b"], "b") == "**outside**: cross clip lets 0.050 < 0.30 through"
     assert tool.regime_verdict("b", regime["b"], "a") == "in"
 
 
