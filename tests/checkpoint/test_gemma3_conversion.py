@@ -189,7 +189,8 @@ def test_logits_equal_transformers_own_gguf_load(hf_folder):
 @pytest.mark.ci_skip
 @pytest.mark.slow
 def test_tokenizer_of_a_base_model(hf_folder):
-    """<bos> first, <eos> the one end token, no chat template; <end_of_turn> one special token, not an end."""
+    """<bos> first, <eos> and <end_of_turn> its end tokens (the latter a special token every tokenizer with it ends a
+    turn at: bridge/tokenizers.py END_OF_RESPONSE_TOKENS), no chat template."""
     from transformers import AutoTokenizer
 
     from hacpo_megatron.bridge.tokenizers import eos_token_ids
@@ -202,7 +203,7 @@ def test_tokenizer_of_a_base_model(hf_folder):
     ids = tokenizer("2 + 2 =").input_ids
     assert ids[0] == 2 and ids.count(2) == 1 and 1 not in ids  # <bos> prepended, nothing appended
     assert tokenizer.encode("<end_of_turn>", add_special_tokens=False) == [106]
-    assert tokenizer.added_tokens_decoder[106].special and eos_token_ids(tokenizer) == {1}
+    assert tokenizer.added_tokens_decoder[106].special and eos_token_ids(tokenizer) == {1, 106}
     generation = json.loads((hf_folder / "generation_config.json").read_text())
     assert (generation["bos_token_id"], generation["eos_token_id"], generation["pad_token_id"]) == (2, 1, 0)
 
