@@ -41,6 +41,7 @@ import traceback
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+import psutil
 import torch
 import torch.distributed as dist
 
@@ -274,8 +275,6 @@ def _exit_description(exitcode: Optional[int]) -> str:
 
 def _descendants(processes: List[Any]) -> list:
     """Every process the given workers started (psutil.Process), as now."""
-    import psutil
-
     found = []
     for process in processes:
         if process.pid is not None and process.exitcode is None:
@@ -286,8 +285,6 @@ def _descendants(processes: List[Any]) -> list:
 
 def _stop(processes: List[Any], leftovers: Sequence[Any] = ()) -> None:
     """Stop every worker still running and every process it started (or had started: `leftovers`), by process id."""
-    import psutil
-
     alive = [p for p in processes if p.pid is not None and p.exitcode is None and p.is_alive()]
     descendants = list(leftovers) + _descendants(alive)
     for process in alive:
