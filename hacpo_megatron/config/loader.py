@@ -370,6 +370,30 @@ def _validate(cfg: Config, where: _Where, errors: List[str]) -> None:
             errors.append(f"{where(('agents', i, 'name'))}: duplicate agent name {agent.name!r} "
                           f"(also agents[{seen[agent.name]}])")
         seen.setdefault(agent.name, i)
+    _check_same_init(cfg.agents, where, errors)
+
+
+def _check_same_init(agents: List[AgentConfig], where: _Where, errors: List[str]) -> None:
+    """agents[].same_init_as names another agent of the same model, both starting from a random initialisation."""
+    by_name = {agent.name: agent for agent in agents}
+    for i, agent in enumerate(agents):
+        name = agent.same_init_as
+        if name is None:
+            continue
+        path = ("agents", i, "same_init_as")
+        other = by_name.get(name)
+        if other is None or other is agent:
+            errors.append(f"{where(path)}: names {'this agent' if other is agent else 'no agent'} ({name!r}); "
+                          f"name another of {sorted(set(by_name) - {agent.name})}")
+        elif other.same_init_as is not None:
+            errors.append(f"{where(path)}: {name!r} itself starts as {other.same_init_as!r}: name "
+                          f"{other.same_init_as!r} directly")
+        elif other.model != agent.model:
+            errors.append(f"{where(path)}: {name!r} is a {other.model or 'model-less'} agent and this one a "
+                          f"{agent.model or 'model-less'} one; one initialisation needs one model")
+        elif agent.init_from or other.init_from:
+            errors.append(f"{where(path)}: init_from's pretrained weights replace the random initialisation this "
+                          f"key chooses ({agent.name if agent.init_from else name} has one): leave one out")
 
 
 def _check_routing_replay(cfg: Config, agent: AgentConfig, path: Path, where: _Where, errors: List[str]) -> None:

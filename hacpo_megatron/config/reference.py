@@ -32,8 +32,9 @@ COMMAND = "python -m hacpo_megatron.config --reference"
 NOTES: Dict[str, str] = {
     "run.name": "The run's name: its folder (runs/<name>) unless run.output_dir or --output-dir says otherwise, and "
                 "the run's name in W&B and MLflow.",
-    "run.seed": "Seed of everything random: prompt order, sampling, initial weights, warm-up (each agent gets "
-                "seed + its index). On CPU a run is deterministic for its seed and code.",
+    "run.seed": "Seed of everything random: prompt order, sampling, initial weights, warm-up (each agent's "
+                "model gets seed + its index, or + the index of the agent its same_init_as names). On CPU a run is "
+                "deterministic for its seed and code.",
     "run.total_steps": "RL steps (Algorithm 1's outer loop): each samples data.prompt_batch_size prompts, "
                        "generates, scores and makes M updates per learner.",
     "agents[].name": "The agent's name: its folder in checkpoints, its prefix in metrics (<agent>/<metric>), and "

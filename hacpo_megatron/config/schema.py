@@ -85,6 +85,10 @@ class AgentConfig:
     # problems, or for longer, start RL knowing different things (configs/study/)
     sft_warmup_task: Optional[str] = None
     sft_warmup_stop_accuracy: Optional[float] = None
+    # another agent's name: start from its random initialisation and warm-up seed (run.seed + that agent's index)
+    # instead of this one's own. Same model, same warm-up task, a later stop: this agent's warm-up passes through the
+    # other's warmed-up weights and goes on, one model at two states (configs/study/state_regime.yaml)
+    same_init_as: Optional[str] = None
     # A mixture-of-experts agent's routers (docs/moe.md); a dense model's agent leaves these keys at their defaults
     moe: MoEConfig = field(default_factory=MoEConfig)
 

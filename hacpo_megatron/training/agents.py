@@ -51,11 +51,20 @@ def build_agents(cfg: Config, spec: AlgorithmSpec, model_provider: ModelProvider
                     tokenizers=[load_tokenizer(a.tokenizer_source, a.prompt_format) for a in cfg.agents])
     for k, (agent_cfg, parallel) in enumerate(zip(cfg.agents, agents.parallel)):
         if parallel.is_member:
-            model = model_provider(agent_cfg, parallel, agents.hf_configs[k], cfg.run.seed + k)
+            seed = init_seed(cfg, k)
+            model = model_provider(agent_cfg, parallel, agents.hf_configs[k], seed)
             if cfg.run.mode == "rollout_only":
                 agents.models[k] = model  # its engine's weights; no learner (no optimizer, no update)
                 continue
             agents.trainers[k] = AgentTrainer(model, spec, cfg, lr=agent_cfg.lr, moe=agent_cfg.moe)
             if cfg.algorithm.kl_coef > 0:
-                agents.references[k] = model_provider(agent_cfg, parallel, agents.hf_configs[k], cfg.run.seed + k)
+                agents.references[k] = model_provider(agent_cfg, parallel, agents.hf_configs[k], seed)
     return agents
+
+
+def init_seed(cfg: Config, k: int) -> int:
+    """Seed of agent k's random initialisation and warm-up: run.seed + its index, or + the index of the agent its
+    `same_init_as` names (then both start from the same weights, and the same warm-up passes through both states)."""
+    names = [a.name for a in cfg.agents]
+    same_as = cfg.agents[k].same_init_as
+    return cfg.run.seed + (names.index(same_as) if same_as else k)

@@ -156,6 +156,10 @@ def test_updates_per_step_follow_the_algorithm(tmp_path, overrides, message):
         ("rollout.cpu_kv_cache_gib=0", "rollout.cpu_kv_cache_gib: must be > 0"),
         ("train.sft_warmup_stop_accuracy=1.5", "train.sft_warmup_stop_accuracy: must be in (0, 1]"),
         ("agents.b.sft_warmup_stop_accuracy=0", "agents.1.sft_warmup_stop_accuracy: must be in (0, 1]"),
+        ("agents.b.same_init_as=zz", "agents.1.same_init_as: names no agent ('zz'); name another of ['a']"),
+        ("agents.b.same_init_as=b", "agents.1.same_init_as: names this agent ('b')"),
+        ("agents.b.same_init_as=a", "'a' is a tiny-qwen3 agent and this one a tiny-llama one"),
+        ("agents.b.model=tiny-qwen3;agents.a.init_from=/x;agents.b.same_init_as=a", "pretrained weights replace"),
         ("logging.trackers=[tensorboard, neptune]", "logging.trackers.1: 'neptune' is not one of 'tensorboard'"),
         ("logging.trackers=[wandb, mlflow, wandb]", "logging.trackers: wandb listed more than once"),
         ("logging.project=' '", "logging.project: must not be empty"),
@@ -186,6 +190,13 @@ def test_out_of_range_values_are_rejected(tmp_path, override, message):
         load_config(path, overrides)
     assert message in str(err.value)
     assert f"--set {overrides[-1]}" in str(err.value) or override.startswith("agents")
+
+
+def test_same_init_as_names_the_first_agent_of_a_chain(tmp_path):
+    three = ("agents=[{name: a, model: tiny-qwen3}, {name: b, model: tiny-qwen3, same_init_as: a}, "
+             "{name: c, model: tiny-qwen3, same_init_as: b}]")
+    with pytest.raises(ConfigError, match="agents.2.same_init_as: 'b' itself starts as 'a': name 'a' directly"):
+        load_config(write(tmp_path, GOOD), [three])
 
 
 def test_flex_attention_is_refused_only_where_it_would_train_on_a_cpu(tmp_path):

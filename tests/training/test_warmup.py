@@ -199,3 +199,38 @@ def test_each_agent_may_be_warmed_up_on_its_own_problems():
     cfg.train.sft_warmup_task, cfg.train.sft_warmup_stop_accuracy = "synthetic:largest?part=2&parts=2", 0.3
     assert [warmup.agent_warmup_plan(cfg, agent) for agent in cfg.agents] == [
         ("synthetic:largest?part=1&parts=2", 0.5), ("synthetic:largest?part=2&parts=2", 0.3)]
+
+
+def test_same_init_as_makes_the_stronger_warm_up_run_through_the_weaker_state(monkeypatch):
+    # agents[].same_init_as: the agent gets the named agent's seed, so with one task and a later stop its warm-up
+    # passes through the other's final weights exactly (one model at two states), and an agent without the key
+    # gets its own seed (another initialisation).
+    from hacpo_megatron.config import load_config
+    from hacpo_megatron.training.agents import init_seed
+
+    cfg = load_config(None, ["agents=[{name: a, model: tiny-qwen3}, {name: b, model: tiny-qwen3, same_init_as: a}, "
+                             "{name: c, model: tiny-qwen3}]", "run.seed=7"])
+    seeds = [init_seed(cfg, k) for k in range(3)]
+    assert seeds == [7, 7, 9]
+
+    snapshots, measured = [], []
+    real_metrics = warmup.answer_metrics
+
+    def recording(model, examples, pad_id, **kwargs):
+        snapshots.append({k: v.clone() for k, v in model.state_dict().items()})
+        result = real_metrics(model, examples, pad_id, **kwargs)
+        measured.append(result["p_exact"])
+        return result
+
+    monkeypatch.setattr(warmup, "answer_metrics", recording)
+    settings = dict(steps=30, batch_size=8, lr=1e-2, measure=False)
+    train_warmup_model(CONFIG, "llama3.2", TASK, seed=seeds[1], stop_accuracy=1.0, **settings)  # never stops
+    stronger_at_checks = list(snapshots)
+    weaker_stop = measured[1]  # the accuracy at its second check (step 20)
+    weaker, info = train_warmup_model(CONFIG, "llama3.2", TASK, seed=seeds[0], stop_accuracy=weaker_stop, **settings)
+    check = info["steps_run"] // warmup.STOP_CHECK_EVERY - 1
+    assert check <= 1
+    for name, value in weaker.state_dict().items():
+        assert torch.equal(value, stronger_at_checks[check][name]), name
+    other, _ = train_warmup_model(CONFIG, "llama3.2", TASK, seed=seeds[2], stop_accuracy=weaker_stop, **settings)
+    assert not torch.equal(other.state_dict()["lm_head.weight"], weaker.state_dict()["lm_head.weight"])
