@@ -49,18 +49,9 @@ def initial_weights(cfg: Config, agent_cfg: AgentConfig, parallel: AgentParallel
         return HFWeights(agent_cfg.init_from)
     if cfg.train.sft_warmup_steps <= 0:
         return None
-    from hacpo_megatron.training.warmup import agent_warmup_plan, supervised_warmup
-
-    task, stop_accuracy = agent_warmup_plan(cfg, agent_cfg)
-
-    def warm_up():
-        return supervised_warmup(
-            hf_config, agent_cfg.tokenizer_source, task,
-            steps=cfg.train.sft_warmup_steps, batch_size=cfg.train.sft_warmup_batch_size,
-            lr=cfg.train.sft_warmup_lr, seed=seed, cache_dir=cfg.train.sft_warmup_cache,
-            stop_accuracy=stop_accuracy, prompt_format=agent_cfg.prompt_format)
+    from hacpo_megatron.training.warmup import agent_warmup
 
     # The agent's first rank trains (or finds the cache); the others then read the cache.
-    state = warm_up() if parallel.agent_rank == 0 else None
+    state = agent_warmup(cfg, agent_cfg, hf_config, seed) if parallel.agent_rank == 0 else None
     dist.barrier(group=parallel.group)
-    return state if state is not None else warm_up()
+    return state if state is not None else agent_warmup(cfg, agent_cfg, hf_config, seed)

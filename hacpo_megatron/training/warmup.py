@@ -141,8 +141,9 @@ def answer_metrics(model, examples: Sequence[Example], pad_id: int, batch_size: 
 
 # ---------------------------------------------------------------------------------------------- cache
 def warmup_key(hf_config: dict, tokenizer_name: str, task_spec: str, *, steps: int, batch_size: int,
-               lr: float, seed: int, stop_accuracy: Optional[float] = None, prompt_format: str = "chat") -> str:
-    settings = _settings(hf_config, tokenizer_name, task_spec, steps, batch_size, lr, seed, stop_accuracy)
+               lr: float, seed: int, stop_accuracy: Optional[float] = None, prompt_format: str = "chat",
+               stop_step: Optional[int] = None) -> str:
+    settings = _settings(hf_config, tokenizer_name, task_spec, steps, batch_size, lr, seed, stop_accuracy, stop_step)
     if prompt_format != "chat":  # the prompts' text, a few-shot file's content included (chat: keys as before)
         from hacpo_megatron.bridge.prompt_formats import parse_prompt_format
 
@@ -162,10 +163,13 @@ def _canonical_config(hf_config: dict) -> dict:
     return config
 
 
-def _settings(hf_config, tokenizer_name, task_spec, steps, batch_size, lr, seed, stop_accuracy) -> dict:
-    return dict(hf_config=_canonical_config(hf_config), tokenizer=tokenizer_name, task=task_spec, steps=int(steps),
-                batch_size=int(batch_size), lr=float(lr), seed=int(seed), format_version=FORMAT_VERSION,
-                stop_accuracy=None if stop_accuracy is None else float(stop_accuracy))
+def _settings(hf_config, tokenizer_name, task_spec, steps, batch_size, lr, seed, stop_accuracy, stop_step=None) -> dict:
+    settings = dict(hf_config=_canonical_config(hf_config), tokenizer=tokenizer_name, task=task_spec, steps=int(steps),
+                    batch_size=int(batch_size), lr=float(lr), seed=int(seed), format_version=FORMAT_VERSION,
+                    stop_accuracy=None if stop_accuracy is None else float(stop_accuracy))
+    if stop_step is not None:  # only when set: the keys of caches made without it stay as they were
+        settings["stop_step"] = int(stop_step)
+    return settings
 
 
 def _load_cached(folder: str) -> Optional[Dict[str, torch.Tensor]]:
@@ -244,17 +248,18 @@ def _keep_freed_memory(threshold: int = 1 << 30):
 
 def supervised_warmup(hf_config: dict, tokenizer_name: str, task_spec: str, *, steps: int, batch_size: int,
                       lr: float, seed: int, cache_dir: str, stop_accuracy: Optional[float] = None,
-                      prompt_format: str = "chat") -> Dict[str, torch.Tensor]:
+                      prompt_format: str = "chat", stop_step: Optional[int] = None) -> Dict[str, torch.Tensor]:
     """Weights (Hugging Face names, tied ones under both names) of the warmed-up model; cached on disk.
 
     The model is ``hf_model_from_config(hf_config, seed=seed)`` trained for at most ``steps`` Adam steps of
     ``batch_size`` training-split problems of ``task_spec`` (epochs shuffled with ``seed``), learning rate
     ``lr`` (schedule: ``lr_factor``), gradient norm clipped at 1. With ``stop_accuracy`` it stops at the first
     check (every STOP_CHECK_EVERY steps) where the T=1 accuracy on training problems (``p_exact`` of
-    ``answer_metrics``) reaches it: see ``train_warmup_model``.
+    ``answer_metrics``) reaches it: see ``train_warmup_model``. With ``stop_step`` it stops after that many
+    steps (the schedule still spans ``steps``).
     """
     key = warmup_key(hf_config, tokenizer_name, task_spec, steps=steps, batch_size=batch_size, lr=lr, seed=seed,
-                     stop_accuracy=stop_accuracy, prompt_format=prompt_format)
+                     stop_accuracy=stop_accuracy, prompt_format=prompt_format, stop_step=stop_step)
     folder = os.path.join(cache_dir, key)
     cached = _load_cached(folder)
     if cached is not None:
@@ -262,10 +267,38 @@ def supervised_warmup(hf_config: dict, tokenizer_name: str, task_spec: str, *, s
         return cached
 
     model, info = train_warmup_model(hf_config, tokenizer_name, task_spec, steps=steps, batch_size=batch_size,
-                                     lr=lr, seed=seed, stop_accuracy=stop_accuracy, prompt_format=prompt_format)
+                                     lr=lr, seed=seed, stop_accuracy=stop_accuracy, prompt_format=prompt_format,
+                                     stop_step=stop_step)
     state = dict(model.state_dict())
     _save(folder, state, dict(info, key=key))
     return state
+
+
+def agent_warmup(cfg, agent_cfg, hf_config: dict, seed: int) -> Dict[str, torch.Tensor]:
+    """An agent's warmed-up weights from ``seed`` (cached), by its plan (``agent_warmup_plan``); with
+    ``sft_warmup_steps_beyond``, the warm-up of the agent its ``same_init_as`` names (the same seed and problems:
+    validated) run on for that many steps past where that one stopped: one model at two states."""
+    t = cfg.train
+
+    def settings(agent, stop_accuracy, stop_step=None):
+        task, _ = agent_warmup_plan(cfg, agent)
+        return dict(hf_config=hf_config, tokenizer_name=agent.tokenizer_source, task_spec=task,
+                    steps=t.sft_warmup_steps, batch_size=t.sft_warmup_batch_size, lr=t.sft_warmup_lr, seed=seed,
+                    stop_accuracy=stop_accuracy, prompt_format=agent.prompt_format, stop_step=stop_step)
+
+    if agent_cfg.sft_warmup_steps_beyond is None:
+        _, stop_accuracy = agent_warmup_plan(cfg, agent_cfg)
+        return supervised_warmup(cache_dir=t.sft_warmup_cache, **settings(agent_cfg, stop_accuracy))
+    first = next(a for a in cfg.agents if a.name == agent_cfg.same_init_as)
+    first_settings = settings(first, agent_warmup_plan(cfg, first)[1])
+    supervised_warmup(cache_dir=t.sft_warmup_cache, **first_settings)  # trained here if no cache holds it yet
+    with open(os.path.join(t.sft_warmup_cache, warmup_key(**first_settings), INFO_FILE)) as f:
+        first_steps = json.load(f)["steps_run"]
+    if first_steps >= t.sft_warmup_steps:
+        logger.warning("%s's warm-up ran all its %d steps, so %s's ends there too", first.name, first_steps,
+                       agent_cfg.name)
+    stop_step = first_steps + agent_cfg.sft_warmup_steps_beyond
+    return supervised_warmup(cache_dir=t.sft_warmup_cache, **settings(agent_cfg, None, stop_step=stop_step))
 
 
 def agent_warmup_plan(cfg, agent_cfg) -> Tuple[str, Optional[float]]:
@@ -290,7 +323,7 @@ def lr_factor(step: int, *, steps: int) -> float:
 
 def train_warmup_model(hf_config: dict, tokenizer_name: str, task_spec: str, *, steps: int, batch_size: int,
                        lr: float, seed: int, stop_accuracy: Optional[float] = None, measure: bool = True,
-                       prompt_format: str = "chat"):
+                       prompt_format: str = "chat", stop_step: Optional[int] = None):
     """The uncached training: returns (the trained transformers model, info dict with settings and metrics).
 
     Why ``stop_accuracy``. Tiny models learn these tasks in a sudden transition: a plateau where they predict
@@ -326,6 +359,9 @@ def train_warmup_model(hf_config: dict, tokenizer_name: str, task_spec: str, *, 
     with torch.random.fork_rng(devices=[]), _keep_freed_memory():
         torch.manual_seed(seed)
         for step in range(steps):
+            if step == stop_step:
+                stopped_at = step
+                break
             if stop_accuracy is not None and step > 0 and step % STOP_CHECK_EVERY == 0:
                 if answer_metrics(model, probe, pad_id)["p_exact"] >= stop_accuracy:
                     stopped_at = step
@@ -351,7 +387,7 @@ def train_warmup_model(hf_config: dict, tokenizer_name: str, task_spec: str, *, 
                             sum(recent) / len(recent))
     model.eval()
     train_seconds = time.perf_counter() - started
-    info = dict(_settings(hf_config, tokenizer_name, task_spec, steps, batch_size, lr, seed, stop_accuracy),
+    info = dict(_settings(hf_config, tokenizer_name, task_spec, steps, batch_size, lr, seed, stop_accuracy, stop_step),
                 steps_run=stopped_at if stopped_at is not None else steps,
                 train_seconds=round(train_seconds, 2), threads=torch.get_num_threads(),
                 first_loss=losses[0] if losses else None,

@@ -201,36 +201,40 @@ def test_each_agent_may_be_warmed_up_on_its_own_problems():
         ("synthetic:largest?part=1&parts=2", 0.5), ("synthetic:largest?part=2&parts=2", 0.3)]
 
 
-def test_same_init_as_makes_the_stronger_warm_up_run_through_the_weaker_state(monkeypatch):
-    # agents[].same_init_as: the agent gets the named agent's seed, so with one task and a later stop its warm-up
-    # passes through the other's final weights exactly (one model at two states), and an agent without the key
-    # gets its own seed (another initialisation).
+def test_same_init_as_and_steps_beyond_make_one_model_at_two_states(monkeypatch, tmp_path):
+    # agents[].same_init_as gives b a's seed; sft_warmup_steps_beyond runs a's warm-up on past a's stop. So b's
+    # weights are exactly those a's warm-up reaches 3 steps after a stopped; c, without the key, gets its own seed.
     from hacpo_megatron.config import load_config
     from hacpo_megatron.training.agents import init_seed
 
-    cfg = load_config(None, ["agents=[{name: a, model: tiny-qwen3}, {name: b, model: tiny-qwen3, same_init_as: a}, "
-                             "{name: c, model: tiny-qwen3}]", "run.seed=7"])
-    seeds = [init_seed(cfg, k) for k in range(3)]
-    assert seeds == [7, 7, 9]
-
-    snapshots, measured = [], []
+    snapshots, measured = {}, {}
     real_metrics = warmup.answer_metrics
 
-    def recording(model, examples, pad_id, **kwargs):
-        snapshots.append({k: v.clone() for k, v in model.state_dict().items()})
-        result = real_metrics(model, examples, pad_id, **kwargs)
-        measured.append(result["p_exact"])
-        return result
+    def recording(model, examples, pad_id, **kwargs):  # called before each step's update: the weights so far
+        step = len(snapshots) + 1
+        snapshots[step] = {k: v.clone() for k, v in model.state_dict().items()}
+        measured[step] = real_metrics(model, examples, pad_id, **kwargs)["p_exact"]
+        return {"p_exact": measured[step]}
 
     monkeypatch.setattr(warmup, "answer_metrics", recording)
-    settings = dict(steps=30, batch_size=8, lr=1e-2, measure=False)
-    train_warmup_model(CONFIG, "llama3.2", TASK, seed=seeds[1], stop_accuracy=1.0, **settings)  # never stops
-    stronger_at_checks = list(snapshots)
-    weaker_stop = measured[1]  # the accuracy at its second check (step 20)
-    weaker, info = train_warmup_model(CONFIG, "llama3.2", TASK, seed=seeds[0], stop_accuracy=weaker_stop, **settings)
-    check = info["steps_run"] // warmup.STOP_CHECK_EVERY - 1
-    assert check <= 1
-    for name, value in weaker.state_dict().items():
-        assert torch.equal(value, stronger_at_checks[check][name]), name
-    other, _ = train_warmup_model(CONFIG, "llama3.2", TASK, seed=seeds[2], stop_accuracy=weaker_stop, **settings)
-    assert not torch.equal(other.state_dict()["lm_head.weight"], weaker.state_dict()["lm_head.weight"])
+    monkeypatch.setattr(warmup, "STOP_CHECK_EVERY", 1)
+    train_warmup_model(CONFIG, "llama3.2", TASK, steps=30, batch_size=8, lr=1e-2, seed=7, stop_accuracy=1.0,
+                       measure=False)  # never stops: every step's weights
+    monkeypatch.setattr(warmup, "answer_metrics", real_metrics)
+    monkeypatch.setattr(warmup, "STOP_CHECK_EVERY", 10)
+
+    agent = "{name: %s, model: tiny-llama, tokenizer: llama3.2%s}"
+    cfg = load_config(None, [
+        "agents=[%s, %s, %s]" % (agent % ("a", f", sft_warmup_stop_accuracy: {measured[10]}"),
+                                 agent % ("b", ", same_init_as: a, sft_warmup_steps_beyond: 3"), agent % ("c", "")),
+        "run.seed=7", f"data.train={TASK}", "train.sft_warmup_steps=30", "train.sft_warmup_batch_size=8",
+        "train.sft_warmup_lr=1e-2", f"train.sft_warmup_cache={tmp_path}"])
+    seeds = [init_seed(cfg, k) for k in range(3)]
+    assert seeds == [7, 7, 9]
+    a = warmup.agent_warmup(cfg, cfg.agents[0], CONFIG, seeds[0])  # stops at its first check: step 10
+    runs = warmup.TRAINING_RUNS
+    b = warmup.agent_warmup(cfg, cfg.agents[1], CONFIG, seeds[1])
+    assert warmup.TRAINING_RUNS == runs + 1  # b's own; a's was read from the cache
+    for name, value in a.items():
+        assert torch.equal(value, snapshots[10][name]), name
+        assert torch.equal(b[name], snapshots[13][name]), name
