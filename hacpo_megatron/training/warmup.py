@@ -16,7 +16,7 @@ the output layer only on the few positions that predict an answer token (2-4 per
 
 Cache. The trained weights are stored under ``<cache_dir>/<key>/`` with ``key`` = SHA-256 of every setting
 that changes the result (the config, tokenizer name, task spec, steps, batch size, lr, seed, stop accuracy
-and FORMAT_VERSION). A folder is built under a temporary name and renamed into place when complete, so a crash
+or step, and FORMAT_VERSION). A folder is built under a temporary name and renamed into place when complete, so a crash
 never leaves a usable-looking half cache; a folder without its ``warmup.json`` marker is ignored and
 rebuilt. ``warmup.json`` also holds the settings and cheap accuracy measurements (see ``answer_metrics``).
 
