@@ -20,6 +20,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import yaml
 
 from hacpo_megatron.config.schema import AgentConfig, Config, MoEConfig
+from hacpo_megatron.config.shared_init import shared_init_problems
 
 Path = Tuple[Any, ...]
 _NUMBER = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
@@ -370,45 +371,7 @@ def _validate(cfg: Config, where: _Where, errors: List[str]) -> None:
             errors.append(f"{where(('agents', i, 'name'))}: duplicate agent name {agent.name!r} "
                           f"(also agents[{seen[agent.name]}])")
         seen.setdefault(agent.name, i)
-    _check_same_init(cfg, where, errors)
-
-
-def _check_same_init(cfg: Config, where: _Where, errors: List[str]) -> None:
-    """agents[].same_init_as names another agent of the same model, both starting from a random initialisation;
-    sft_warmup_steps_beyond continues that agent's warm-up, so it needs its warm-up task, prompts and tokenizer."""
-    by_name = {agent.name: agent for agent in cfg.agents}
-    for i, agent in enumerate(cfg.agents):
-        name, beyond = agent.same_init_as, agent.sft_warmup_steps_beyond
-        if beyond is not None:
-            path = ("agents", i, "sft_warmup_steps_beyond")
-            first = by_name.get(name)
-            if first is None or first is agent:
-                errors.append(f"{where(path)}: continues the warm-up of the agent same_init_as names; set that")
-            elif beyond < 1 or cfg.train.sft_warmup_steps <= 0 or agent.sft_warmup_stop_accuracy is not None:
-                errors.append(f"{where(path)}: must be >= 1, with train.sft_warmup_steps > 0 and no "
-                              f"sft_warmup_stop_accuracy of this agent's own (it stops {beyond} steps past {name})")
-            else:
-                for key, what in (("sft_warmup_task", "sft_warmup_task"), ("tokenizer_source", "tokenizer"),
-                                  ("prompt_format", "prompt_format")):
-                    mine, theirs = getattr(agent, key), getattr(first, key)
-                    _check(mine == theirs, errors, where, path, f"continues {name}'s warm-up, so needs its {what} "
-                           f"({theirs!r}, not {mine!r})")
-        if name is None:
-            continue
-        path = ("agents", i, "same_init_as")
-        other = by_name.get(name)
-        if other is None or other is agent:
-            errors.append(f"{where(path)}: names {'this agent' if other is agent else 'no agent'} ({name!r}); "
-                          f"name another of {sorted(set(by_name) - {agent.name})}")
-        elif other.same_init_as is not None:
-            errors.append(f"{where(path)}: {name!r} itself starts as {other.same_init_as!r}: name "
-                          f"{other.same_init_as!r} directly")
-        elif other.model != agent.model:
-            errors.append(f"{where(path)}: {name!r} is a {other.model or 'model-less'} agent and this one a "
-                          f"{agent.model or 'model-less'} one; one initialisation needs one model")
-        elif agent.init_from or other.init_from:
-            errors.append(f"{where(path)}: init_from's pretrained weights replace the random initialisation this "
-                          f"key chooses ({agent.name if agent.init_from else name} has one): leave one out")
+    errors.extend(shared_init_problems(cfg, where))
 
 
 def _check_routing_replay(cfg: Config, agent: AgentConfig, path: Path, where: _Where, errors: List[str]) -> None:
