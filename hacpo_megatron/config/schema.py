@@ -89,9 +89,10 @@ class AgentConfig:
     # instead of this one's own. Same model, same warm-up task, a later stop: this agent's warm-up passes through the
     # other's warmed-up weights and goes on, one model at two states (configs/study/state_regime.yaml)
     same_init_as: Optional[str] = None
-    # with same_init_as: warm up on the named agent's problems, on for this many steps past where its warm-up stopped
-    # (no stop accuracy of this agent's own): a state a few steps further along the same trajectory
-    sft_warmup_steps_beyond: Optional[int] = None
+    # with same_init_as: warm up on the named agent's problems, on past where its warm-up stopped until the sampled
+    # accuracy on the stop rule's training problems has risen by this much (checked every step; no stop accuracy of
+    # this agent's own): a state further along the same trajectory and measurably stronger
+    sft_warmup_gain_beyond: Optional[float] = None
     # A mixture-of-experts agent's routers (docs/moe.md); a dense model's agent leaves these keys at their defaults
     moe: MoEConfig = field(default_factory=MoEConfig)
 

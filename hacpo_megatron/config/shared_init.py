@@ -1,4 +1,4 @@
-"""Validation of agents that share an initialisation: agents[].same_init_as and agents[].sft_warmup_steps_beyond.
+"""Validation of agents that share an initialisation: agents[].same_init_as and agents[].sft_warmup_gain_beyond.
 
 Called by the loader with its `where` (a key path -> "file:line: key" for the message); returns the problems found.
 """
@@ -11,19 +11,20 @@ from hacpo_megatron.config.schema import Config
 
 def shared_init_problems(cfg: Config, where: Callable[[Tuple[Any, ...]], str]) -> List[str]:
     """agents[].same_init_as names another agent of the same model, both starting from a random initialisation;
-    sft_warmup_steps_beyond continues that agent's warm-up, so it needs its warm-up task, prompts and tokenizer."""
+    sft_warmup_gain_beyond continues that agent's warm-up, so it needs its warm-up task, prompts and tokenizer."""
     errors: List[str] = []
     by_name = {agent.name: agent for agent in cfg.agents}
     for i, agent in enumerate(cfg.agents):
-        name, beyond = agent.same_init_as, agent.sft_warmup_steps_beyond
-        if beyond is not None:
-            path = ("agents", i, "sft_warmup_steps_beyond")
+        name, gain = agent.same_init_as, agent.sft_warmup_gain_beyond
+        if gain is not None:
+            path = ("agents", i, "sft_warmup_gain_beyond")
             first = by_name.get(name)
             if first is None or first is agent:
                 errors.append(f"{where(path)}: continues the warm-up of the agent same_init_as names; set that")
-            elif beyond < 1 or cfg.train.sft_warmup_steps <= 0 or agent.sft_warmup_stop_accuracy is not None:
-                errors.append(f"{where(path)}: must be >= 1, with train.sft_warmup_steps > 0 and no "
-                              f"sft_warmup_stop_accuracy of this agent's own (it stops {beyond} steps past {name})")
+            elif not 0 < gain < 1 or cfg.train.sft_warmup_steps <= 0 or agent.sft_warmup_stop_accuracy is not None:
+                errors.append(f"{where(path)}: must be in (0, 1), with train.sft_warmup_steps > 0 and no "
+                              f"sft_warmup_stop_accuracy of this agent's own (it stops {gain} more accurate than "
+                              f"{name})")
             else:
                 for key, what in (("sft_warmup_task", "sft_warmup_task"), ("tokenizer_source", "tokenizer"),
                                   ("prompt_format", "prompt_format")):

@@ -16,7 +16,7 @@ the output layer only on the few positions that predict an answer token (2-4 per
 
 Cache. The trained weights are stored under ``<cache_dir>/<key>/`` with ``key`` = SHA-256 of every setting
 that changes the result (the config, tokenizer name, task spec, steps, batch size, lr, seed, stop accuracy
-or step, and FORMAT_VERSION). A folder is built under a temporary name and renamed into place when complete, so a crash
+or gain, and FORMAT_VERSION). A folder is built under a temporary name and renamed into place when complete, so a crash
 never leaves a usable-looking half cache; a folder without its ``warmup.json`` marker is ignored and
 rebuilt. ``warmup.json`` also holds the settings and cheap accuracy measurements (see ``answer_metrics``).
 
@@ -142,8 +142,8 @@ def answer_metrics(model, examples: Sequence[Example], pad_id: int, batch_size: 
 # ---------------------------------------------------------------------------------------------- cache
 def warmup_key(hf_config: dict, tokenizer_name: str, task_spec: str, *, steps: int, batch_size: int,
                lr: float, seed: int, stop_accuracy: Optional[float] = None, prompt_format: str = "chat",
-               stop_step: Optional[int] = None) -> str:
-    settings = _settings(hf_config, tokenizer_name, task_spec, steps, batch_size, lr, seed, stop_accuracy, stop_step)
+               stop_gain: Optional[Tuple[int, float]] = None) -> str:
+    settings = _settings(hf_config, tokenizer_name, task_spec, steps, batch_size, lr, seed, stop_accuracy, stop_gain)
     if prompt_format != "chat":  # the prompts' text, a few-shot file's content included (chat: keys as before)
         from hacpo_megatron.bridge.prompt_formats import parse_prompt_format
 
@@ -163,12 +163,12 @@ def _canonical_config(hf_config: dict) -> dict:
     return config
 
 
-def _settings(hf_config, tokenizer_name, task_spec, steps, batch_size, lr, seed, stop_accuracy, stop_step=None) -> dict:
+def _settings(hf_config, tokenizer_name, task_spec, steps, batch_size, lr, seed, stop_accuracy, stop_gain=None) -> dict:
     settings = dict(hf_config=_canonical_config(hf_config), tokenizer=tokenizer_name, task=task_spec, steps=int(steps),
                     batch_size=int(batch_size), lr=float(lr), seed=int(seed), format_version=FORMAT_VERSION,
                     stop_accuracy=None if stop_accuracy is None else float(stop_accuracy))
-    if stop_step is not None:  # only when set: the keys of caches made without it stay as they were
-        settings["stop_step"] = int(stop_step)
+    if stop_gain is not None:  # only when set: the keys of caches made without it stay as they were
+        settings["stop_gain"] = [int(stop_gain[0]), float(stop_gain[1])]
     return settings
 
 
@@ -248,18 +248,20 @@ def _keep_freed_memory(threshold: int = 1 << 30):
 
 def supervised_warmup(hf_config: dict, tokenizer_name: str, task_spec: str, *, steps: int, batch_size: int,
                       lr: float, seed: int, cache_dir: str, stop_accuracy: Optional[float] = None,
-                      prompt_format: str = "chat", stop_step: Optional[int] = None) -> Dict[str, torch.Tensor]:
+                      prompt_format: str = "chat",
+                      stop_gain: Optional[Tuple[int, float]] = None) -> Dict[str, torch.Tensor]:
     """Weights (Hugging Face names, tied ones under both names) of the warmed-up model; cached on disk.
 
     The model is ``hf_model_from_config(hf_config, seed=seed)`` trained for at most ``steps`` Adam steps of
     ``batch_size`` training-split problems of ``task_spec`` (epochs shuffled with ``seed``), learning rate
     ``lr`` (schedule: ``lr_factor``), gradient norm clipped at 1. With ``stop_accuracy`` it stops at the first
     check (every STOP_CHECK_EVERY steps) where the T=1 accuracy on training problems (``p_exact`` of
-    ``answer_metrics``) reaches it: see ``train_warmup_model``. With ``stop_step`` it stops after that many
-    steps (the schedule still spans ``steps``).
+    ``answer_metrics``) reaches it: see ``train_warmup_model``. With ``stop_gain`` = (step, gain) it stops at
+    the first step past ``step`` where that accuracy exceeds the one at ``step`` by ``gain``, checked every step
+    (the schedule still spans ``steps``).
     """
     key = warmup_key(hf_config, tokenizer_name, task_spec, steps=steps, batch_size=batch_size, lr=lr, seed=seed,
-                     stop_accuracy=stop_accuracy, prompt_format=prompt_format, stop_step=stop_step)
+                     stop_accuracy=stop_accuracy, prompt_format=prompt_format, stop_gain=stop_gain)
     folder = os.path.join(cache_dir, key)
     cached = _load_cached(folder)
     if cached is not None:
@@ -268,7 +270,7 @@ def supervised_warmup(hf_config: dict, tokenizer_name: str, task_spec: str, *, s
 
     model, info = train_warmup_model(hf_config, tokenizer_name, task_spec, steps=steps, batch_size=batch_size,
                                      lr=lr, seed=seed, stop_accuracy=stop_accuracy, prompt_format=prompt_format,
-                                     stop_step=stop_step)
+                                     stop_gain=stop_gain)
     state = dict(model.state_dict())
     _save(folder, state, dict(info, key=key))
     return state
@@ -276,17 +278,18 @@ def supervised_warmup(hf_config: dict, tokenizer_name: str, task_spec: str, *, s
 
 def agent_warmup(cfg, agent_cfg, hf_config: dict, seed: int) -> Dict[str, torch.Tensor]:
     """An agent's warmed-up weights from ``seed`` (cached), by its plan (``agent_warmup_plan``); with
-    ``sft_warmup_steps_beyond``, the warm-up of the agent its ``same_init_as`` names (the same seed and problems:
-    validated) run on for that many steps past where that one stopped: one model at two states."""
+    ``sft_warmup_gain_beyond``, the warm-up of the agent its ``same_init_as`` names (the same seed and problems:
+    validated) run on past where that one stopped, until its accuracy on the stop rule's problems has risen by that
+    much: one model at two states, the second measurably further along."""
     t = cfg.train
 
-    def settings(agent, stop_accuracy, stop_step=None):
+    def settings(agent, stop_accuracy, stop_gain=None):
         task, _ = agent_warmup_plan(cfg, agent)
         return dict(hf_config=hf_config, tokenizer_name=agent.tokenizer_source, task_spec=task,
                     steps=t.sft_warmup_steps, batch_size=t.sft_warmup_batch_size, lr=t.sft_warmup_lr, seed=seed,
-                    stop_accuracy=stop_accuracy, prompt_format=agent.prompt_format, stop_step=stop_step)
+                    stop_accuracy=stop_accuracy, prompt_format=agent.prompt_format, stop_gain=stop_gain)
 
-    if agent_cfg.sft_warmup_steps_beyond is None:
+    if agent_cfg.sft_warmup_gain_beyond is None:
         _, stop_accuracy = agent_warmup_plan(cfg, agent_cfg)
         return supervised_warmup(cache_dir=t.sft_warmup_cache, **settings(agent_cfg, stop_accuracy))
     first = next(a for a in cfg.agents if a.name == agent_cfg.same_init_as)
@@ -297,8 +300,8 @@ def agent_warmup(cfg, agent_cfg, hf_config: dict, seed: int) -> Dict[str, torch.
     if first_steps >= t.sft_warmup_steps:
         logger.warning("%s's warm-up ran all its %d steps, so %s's ends there too", first.name, first_steps,
                        agent_cfg.name)
-    stop_step = first_steps + agent_cfg.sft_warmup_steps_beyond
-    return supervised_warmup(cache_dir=t.sft_warmup_cache, **settings(agent_cfg, None, stop_step=stop_step))
+    stop_gain = (first_steps, agent_cfg.sft_warmup_gain_beyond)
+    return supervised_warmup(cache_dir=t.sft_warmup_cache, **settings(agent_cfg, None, stop_gain=stop_gain))
 
 
 def agent_warmup_plan(cfg, agent_cfg) -> Tuple[str, Optional[float]]:
@@ -323,7 +326,7 @@ def lr_factor(step: int, *, steps: int) -> float:
 
 def train_warmup_model(hf_config: dict, tokenizer_name: str, task_spec: str, *, steps: int, batch_size: int,
                        lr: float, seed: int, stop_accuracy: Optional[float] = None, measure: bool = True,
-                       prompt_format: str = "chat", stop_step: Optional[int] = None):
+                       prompt_format: str = "chat", stop_gain: Optional[Tuple[int, float]] = None):
     """The uncached training: returns (the trained transformers model, info dict with settings and metrics).
 
     Why ``stop_accuracy``. Tiny models learn these tasks in a sudden transition: a plateau where they predict
@@ -334,6 +337,12 @@ def train_warmup_model(hf_config: dict, tokenizer_name: str, task_spec: str, *, 
     the middle of the transition: its greedy answer is often right but sampling at T = 1 still often misses,
     which is the state RL improves (it sharpens a half-formed skill shared by every problem, held-out ones
     included). The held-out split is never looked at.
+
+    Why ``stop_gain`` = (step, gain). One model at two states is one warm-up stopped twice. A fixed number of steps
+    past the first stop makes a stronger state only where that stop lies inside the transition (on the plateau a
+    few steps change nothing); the second stop is therefore measured too: the first step past ``step`` whose
+    accuracy on the same probe exceeds the accuracy at ``step`` by ``gain``, checked every step, since within the
+    transition ten steps can move it by more than half.
     """
     global TRAINING_RUNS
     from hacpo_megatron.bridge.tokenizers import load_tokenizer, pad_token_id
@@ -352,18 +361,26 @@ def train_warmup_model(hf_config: dict, tokenizer_name: str, task_spec: str, *, 
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, functools.partial(lr_factor, steps=steps))
 
     probe = train[:STOP_PROBE_EXAMPLES]  # fixed training problems on which the stop rule is measured
-    stopped_at = None
+    probe_accuracy = lambda: answer_metrics(model, probe, pad_id)["p_exact"]  # noqa: E731
+    stopped_at, probe_gain = None, {}  # probe_gain: the accuracies stop_gain compared, for warmup.json
     rng = random.Random(f"warmup:{seed}")
     order: List[int] = []
     losses: List[float] = []
     with torch.random.fork_rng(devices=[]), _keep_freed_memory():
         torch.manual_seed(seed)
         for step in range(steps):
-            if step == stop_step:
-                stopped_at = step
-                break
+            if stop_gain is not None and step >= stop_gain[0]:
+                accuracy = probe_accuracy()
+                if step == stop_gain[0]:
+                    probe_gain = dict(gain_from_accuracy=accuracy)
+                elif accuracy >= probe_gain["gain_from_accuracy"] + stop_gain[1]:
+                    stopped_at, probe_gain["gain_reached_accuracy"] = step, accuracy
+                    logger.info("warm-up %s gained %.2f on training problems %d steps past step %d: stopping",
+                                tokenizer_name, accuracy - probe_gain["gain_from_accuracy"], step - stop_gain[0],
+                                stop_gain[0])
+                    break
             if stop_accuracy is not None and step > 0 and step % STOP_CHECK_EVERY == 0:
-                if answer_metrics(model, probe, pad_id)["p_exact"] >= stop_accuracy:
+                if probe_accuracy() >= stop_accuracy:
                     stopped_at = step
                     logger.info("warm-up %s reached accuracy %.2f on training problems at step %d: stopping",
                                 tokenizer_name, stop_accuracy, step)
@@ -387,9 +404,9 @@ def train_warmup_model(hf_config: dict, tokenizer_name: str, task_spec: str, *, 
                             sum(recent) / len(recent))
     model.eval()
     train_seconds = time.perf_counter() - started
-    info = dict(_settings(hf_config, tokenizer_name, task_spec, steps, batch_size, lr, seed, stop_accuracy, stop_step),
+    info = dict(_settings(hf_config, tokenizer_name, task_spec, steps, batch_size, lr, seed, stop_accuracy, stop_gain),
                 steps_run=stopped_at if stopped_at is not None else steps,
-                train_seconds=round(train_seconds, 2), threads=torch.get_num_threads(),
+                train_seconds=round(train_seconds, 2), threads=torch.get_num_threads(), **probe_gain,
                 first_loss=losses[0] if losses else None,
                 final_loss=sum(losses[-10:]) / max(len(losses[-10:]), 1) if losses else None)
     if measure:

@@ -161,7 +161,7 @@ def test_updates_per_step_follow_the_algorithm(tmp_path, overrides, message):
         ("agents.b.same_init_as=b", "agents.1.same_init_as: names this agent ('b')"),
         ("agents.b.same_init_as=a", "'a' is a tiny-qwen3 agent and this one a tiny-llama one"),
         ("agents.b.model=tiny-qwen3;agents.a.init_from=/x;agents.b.same_init_as=a", "pretrained weights replace"),
-        ("agents.b.sft_warmup_steps_beyond=2", "agents.1.sft_warmup_steps_beyond: continues the warm-up of the agent "
+        ("agents.b.sft_warmup_gain_beyond=0.1", "agents.1.sft_warmup_gain_beyond: continues the warm-up of the agent "
          "same_init_as names"),
         ("logging.trackers=[tensorboard, neptune]", "logging.trackers.1: 'neptune' is not one of 'tensorboard'"),
         ("logging.trackers=[wandb, mlflow, wandb]", "logging.trackers: wandb listed more than once"),
@@ -203,19 +203,20 @@ def test_same_init_as_names_the_first_agent_of_a_chain(tmp_path):
 
 
 @pytest.mark.parametrize("b_keys,message", [
-    ("sft_warmup_steps_beyond: 3", None),
-    ("sft_warmup_steps_beyond: 0", "must be >= 1, with train.sft_warmup_steps > 0"),
-    ("sft_warmup_steps_beyond: 3, sft_warmup_stop_accuracy: 0.5", "no sft_warmup_stop_accuracy of this agent's own"),
-    ("sft_warmup_steps_beyond: 3, sft_warmup_task: 'synthetic:largest?parts=2&part=2'",
+    ("sft_warmup_gain_beyond: 0.1", None),
+    ("sft_warmup_gain_beyond: 0", "must be in (0, 1), with train.sft_warmup_steps > 0"),
+    ("sft_warmup_gain_beyond: 1.0", "must be in (0, 1), with train.sft_warmup_steps > 0"),
+    ("sft_warmup_gain_beyond: 0.1, sft_warmup_stop_accuracy: 0.5", "no sft_warmup_stop_accuracy of this agent's own"),
+    ("sft_warmup_gain_beyond: 0.1, sft_warmup_task: 'synthetic:largest?parts=2&part=2'",
      "continues a's warm-up, so needs its sft_warmup_task (None, not 'synthetic:largest?parts=2&part=2')"),
-    ("sft_warmup_steps_beyond: 3, prompt_format: plain", "needs its prompt_format ('chat', not 'plain')"),
+    ("sft_warmup_gain_beyond: 0.1, prompt_format: plain", "needs its prompt_format ('chat', not 'plain')"),
 ])
 def test_a_warm_up_continued_past_another_needs_its_problems_and_prompts(tmp_path, b_keys, message):
     agents = ("agents=[{name: a, model: tiny-qwen3, sft_warmup_stop_accuracy: 0.2}, "
               "{name: b, model: tiny-qwen3, same_init_as: a, %s}]" % b_keys)
     overrides = [agents, "train.sft_warmup_steps=100"]
     if message is None:
-        assert load_config(write(tmp_path, GOOD), overrides).agents[1].sft_warmup_steps_beyond == 3
+        assert load_config(write(tmp_path, GOOD), overrides).agents[1].sft_warmup_gain_beyond == 0.1
         return
     with pytest.raises(ConfigError, match=re.escape(message)):
         load_config(write(tmp_path, GOOD), overrides)

@@ -1,5 +1,7 @@
 """The supervised warm-up: it learns, trains on answer tokens only, is deterministic, and caches safely."""
 import copy
+import glob
+import json
 import os
 
 import pytest
@@ -201,9 +203,10 @@ def test_each_agent_may_be_warmed_up_on_its_own_problems():
         ("synthetic:largest?part=1&parts=2", 0.5), ("synthetic:largest?part=2&parts=2", 0.3)]
 
 
-def test_same_init_as_and_steps_beyond_make_one_model_at_two_states(monkeypatch, tmp_path):
-    # agents[].same_init_as gives b a's seed; sft_warmup_steps_beyond runs a's warm-up on past a's stop. So b's
-    # weights are exactly those a's warm-up reaches 3 steps after a stopped; c, without the key, gets its own seed.
+def test_same_init_as_and_gain_beyond_make_one_model_at_two_states(monkeypatch, tmp_path):
+    # agents[].same_init_as gives b a's seed; sft_warmup_gain_beyond runs a's warm-up on past a's stop until the probe
+    # accuracy has risen by that much, checked every step. So b's weights are exactly those a's warm-up reaches at the
+    # first such step after a stopped (recorded below from an unstopped run); c, without the key, gets its own seed.
     from hacpo_megatron.config import load_config
     from hacpo_megatron.training.agents import init_seed
 
@@ -222,11 +225,17 @@ def test_same_init_as_and_steps_beyond_make_one_model_at_two_states(monkeypatch,
                        measure=False)  # never stops: every step's weights
     monkeypatch.setattr(warmup, "answer_metrics", real_metrics)
     monkeypatch.setattr(warmup, "STOP_CHECK_EVERY", 10)
+    # a gain first reached a few steps past step 10, not at the next step nor at the stop rule's next check (20)
+    gain = (measured[15] - measured[10]) * 0.999
+    expected = next(step for step in range(11, 30) if measured[step] >= measured[10] + gain)
+    assert gain > 0 and 11 < expected < 20, (measured, expected)
 
     agent = "{name: %s, model: tiny-llama, tokenizer: llama3.2%s}"
     cfg = load_config(None, [
-        "agents=[%s, %s, %s]" % (agent % ("a", f", sft_warmup_stop_accuracy: {measured[10]}"),
-                                 agent % ("b", ", same_init_as: a, sft_warmup_steps_beyond: 3"), agent % ("c", "")),
+        # a stops at step 10 (its first check), below where b's gain is counted from: measured[10]
+        "agents=[%s, %s, %s]" % (agent % ("a", f", sft_warmup_stop_accuracy: {measured[10] / 2}"),
+                                 agent % ("b", f", same_init_as: a, sft_warmup_gain_beyond: {gain}"),
+                                 agent % ("c", "")),
         "run.seed=7", f"data.train={TASK}", "train.sft_warmup_steps=30", "train.sft_warmup_batch_size=8",
         "train.sft_warmup_lr=1e-2", f"train.sft_warmup_cache={tmp_path}"])
     seeds = [init_seed(cfg, k) for k in range(3)]
@@ -237,4 +246,8 @@ def test_same_init_as_and_steps_beyond_make_one_model_at_two_states(monkeypatch,
     assert warmup.TRAINING_RUNS == runs + 1  # b's own; a's was read from the cache
     for name, value in a.items():
         assert torch.equal(value, snapshots[10][name]), name
-        assert torch.equal(b[name], snapshots[13][name]), name
+        assert torch.equal(b[name], snapshots[expected][name]), name
+    [info] = [json.load(open(path)) for path in glob.glob(f"{tmp_path}/*/{warmup.INFO_FILE}")
+              if json.load(open(path)).get("stop_gain")]
+    assert (info["steps_run"], info["gain_from_accuracy"], info["gain_reached_accuracy"]) == (
+        expected, measured[10], measured[expected])
