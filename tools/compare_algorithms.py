@@ -351,6 +351,52 @@ def regime_rows(results: Sequence[CellResult]) -> List[List[str]]:
     return rows
 
 
+# The gate (issue 49, docs/study.md): where the paper measures its cross ratios (a same-family pair, appendix), the
+# other agent's answers sit at a mean ratio s of 0.86-0.94 a step, and its cross clip [0.8, 1] lets most right ones
+# through. A pair is in that setting when, at its first step, the weaker learner's s of the stronger's answers lies in
+# GATE_MEAN_S and its first update (on-policy) lets at least GATE_RIGHT_THROUGH_MIN of their right answers through.
+GATE_MEAN_S = (0.85, 0.95)
+GATE_RIGHT_THROUGH_MIN = 0.50
+
+
+@dataclass
+class Gate:
+    step: int  # the first step with other agents' answers
+    mean_s: float  # their mean ratio s over that step's updates
+    through_by_update: List[Optional[float]]  # share of their right answers inside the cross clip, update by update
+
+
+def gate_of(records: Sequence[Mapping[str, Any]]) -> Dict[str, Gate]:
+    """{agent: Gate} from each learner's first training record with other agents' answers in it."""
+    first: Dict[str, Mapping[str, Any]] = {}
+    for r in records:
+        if r.get("kind") == "train" and r.get("num_cross") and isinstance(r.get("step"), int):
+            if r["agent"] not in first or r["step"] < first[r["agent"]]["step"]:
+                first[r["agent"]] = r
+    return {agent: Gate(r["step"], float(r.get("cross_ratio_mean", math.nan)),
+                        [r.get(f"regime/right_through/u{m}") for m in range(int(r.get("num_updates", 0)))])
+            for agent, r in first.items()}
+
+
+def gate_rows(results: Sequence[CellResult]) -> List[List[str]]:
+    """One row per cell with a cross term: its weaker learner at the first step, and whether it passes the gate."""
+    rows = []
+    for r in results:
+        weaker = weaker_agent(r.curves)
+        gate = r.gate.get(weaker)
+        if gate is None:
+            continue
+        first = gate.through_by_update[0] if gate.through_by_update else None
+        low, high = GATE_MEAN_S
+        misses = ([] if low <= gate.mean_s <= high else [f"mean s {gate.mean_s:.3f} outside {low}-{high}"]) + (
+            [] if first is not None and first >= GATE_RIGHT_THROUGH_MIN else
+            [f"first update lets {'none' if first is None else f'{first:.2f}'} < {GATE_RIGHT_THROUGH_MIN:.2f} through"])
+        rows.append([r.cell.variant.label, str(r.cell.seed), weaker, str(gate.step), f"{gate.mean_s:.3f}",
+                     " / ".join("n/a" if v is None else f"{v:.2f}" for v in gate.through_by_update),
+                     "**misses**: " + "; ".join(misses) if misses else "passes"])
+    return rows
+
+
 def clip_diagnostics(records: Sequence[Mapping[str, Any]]) -> Dict[str, Dict[int, Dict[str, float]]]:
     """{agent: {step: ...}}: where the other agents' answers fell against the learner's cross clip [lo_m, 1],
     from its training records (each a mean over the step's updates, losses.py). below / inside / above: shares
@@ -471,6 +517,7 @@ class CellResult:
     outcome: str = "not run"  # what this call did: skipped / ran fresh / resumed / failed (exit N) / ...
     clip: Dict[str, Dict[int, Dict[str, float]]] = field(default_factory=dict)  # clip_diagnostics of its records
     regime: Dict[str, Regime] = field(default_factory=dict)  # regime_of its records
+    gate: Dict[str, Gate] = field(default_factory=dict)  # gate_of its records
     eval_problems: Optional[int] = None  # held-out problems per evaluation (run_info.json)
     # eval_scores.jsonl: agent -> step -> each held-out problem's score
     problem_scores: Dict[str, Dict[int, List[float]]] = field(default_factory=dict)
@@ -487,7 +534,8 @@ def collect_cell(cell: Cell, outcome: str = "not run") -> CellResult:
     curves = eval_curves(records)
     final = final_accuracies(curves) if state.status == FINISHED else {}
     return CellResult(cell, state, agent_names_of(config), final, curves, outcome, clip_diagnostics(records),
-                      regime_of(records), eval_problems_of(cell.folder), problem_scores_of(cell.folder))
+                      regime_of(records), gate_of(records), eval_problems_of(cell.folder),
+                      problem_scores_of(cell.folder))
 
 
 def problem_scores_of(folder: Path) -> Dict[str, Dict[int, List[float]]]:
@@ -647,13 +695,17 @@ def _difference_table(rows: Sequence[Tuple[str, Row]]) -> List[str]:
 
 def results_markdown(results: Sequence[CellResult], labels: Sequence[str], baseline: Optional[str],
                      rerun: Mapping[str, str], *, base_config: str, seeds: Sequence[int], workdir: str,
-                     study_command: Optional[str] = None, comparisons: Sequence[Tuple[str, str]] = ()) -> str:
-    """results.md: accuracy table, paired differences, cell states, and how to rerun each cell."""
+                     study_command: Optional[str] = None, comparisons: Sequence[Tuple[str, str]] = (),
+                     report: bool = False) -> str:
+    """results.md: accuracy table, paired differences, cell states, and how to rerun each cell. `report`: written
+    by --report, whose checkout need not be the one the cells ran in."""
+    code = (f" Tables written by --report at {code_version(workdir)}; each cell's code is the checkout it ran in."
+            if report else f" Code: {code_version(workdir)}.")
     lines = ["# Study results", "",
              f"Written {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC. Base config "
              f"`{base_config}`, seeds {', '.join(map(str, seeds))}"
              + (f", baseline `{baseline}`." if baseline else ".")
-             + f" Code: {code_version(workdir)}.", ""]
+             + code, ""]
     if study_command:
         lines += [f"The study: `{study_command}`", ""]
     lines += [
@@ -697,6 +749,15 @@ def results_markdown(results: Sequence[CellResult], labels: Sequence[str], basel
                   "per-update figures, estimated from step means as if the first update clipped nothing.", ""]
         lines += _markdown_table(["variant", "seed", "agent", "own clipped by update", "after the first",
                                   "others' right answers through", "regime"], regime)
+    gates = gate_rows(results)
+    if gates:
+        lines += ["", "## The gate at the first step", "",
+                  "Per cell with a cross term, its weaker agent at the first step: the mean ratio s of the other "
+                  "agents' answers, and the share of their right answers inside its cross clip at each of the "
+                  f"step's updates. The gate: s in {GATE_MEAN_S[0]}-{GATE_MEAN_S[1]} (where the paper measured its "
+                  f"ratios) and at least {GATE_RIGHT_THROUGH_MIN:.0%} through at the first, on-policy, update.", ""]
+        lines += _markdown_table(["variant", "seed", "weaker agent", "step", "mean s", "right answers through, "
+                                  "by update", "gate"], gates)
     clip_sections = [(label, clip_table(results, label)) for label in labels]
     if any(rows for _, rows in clip_sections):
         lines += ["", "## The other agents' answers against each learner's cross clip", "",
@@ -929,7 +990,7 @@ def run_study(study: Study, *, launch: Launch = run_launcher, resolve: Optional[
              .replace(str(study.out), shown) for c in cells}
     text = results_markdown(results, study.labels, study.baseline, rerun, base_config=study.base_config,
                             seeds=study.seeds, workdir=os.getcwd(), study_command=study.command,
-                            comparisons=study.comparisons)
+                            comparisons=study.comparisons, report=report)
     (study.out / RESULTS_FILE).write_text(text, encoding="utf-8")
     plot_accuracy(results, study.labels, study.baseline, study.out / PLOT_FILE)
     echo(text)

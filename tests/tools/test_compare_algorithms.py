@@ -295,6 +295,7 @@ def test_report_runs_nothing_and_tabulates_the_cells_as_they_are(tool, tmp_path,
     text = (tmp_path / "results.md").read_text()
     assert "| hacpo | 3 | not started" in text and "| hacpo - gspo | qwen3-tiny |" in text
     assert "| 2 | 1: " in text  # two pairs per comparison
+    assert "Tables written by --report at " in text and " Code: " not in text  # not the cells' code
 
 
 def test_compare_adds_paired_differences_between_any_two_variants(tool, tmp_path):
@@ -484,6 +485,36 @@ def test_the_regime_of_a_cell_from_per_update_figures_and_its_flags(tool):
     assert "cross clip" not in tool.regime_verdict("a", regime["a"], "b")  # a is the stronger: no cross flag
     assert tool.regime_verdict("b", regime["b"], "b") == "**outside**: cross clip lets 0.050 < 0.30 through"
     assert tool.regime_verdict("b", regime["b"], "a") == "in"
+
+
+def test_the_gate_reads_the_weaker_learners_first_step_and_names_what_it_misses(tool, tmp_path):
+    """At the first step with the other's answers: the weaker agent's mean s in 0.85-0.95 and >= 50 % of the
+    other's right answers through at the first update; later steps, and the stronger agent, do not count."""
+    def train(step, agent, mean_s, through):
+        return {"kind": "train", "step": step, "agent": agent, "num_cross": 16.0, "num_updates": float(len(through)),
+                "cross_ratio_mean": mean_s, **{f"regime/right_through/u{m}": v for m, v in enumerate(through)
+                                               if v is not None}}
+
+    def result(seed, records):
+        cell = tool.Cell(tool.Variant("hacpo", "cfg.yaml"), seed, tmp_path / f"seed{seed}")
+        return tool.CellResult(cell, tool.CellState(tool.FINISHED), ["a", "b"], {}, curves,
+                               gate=tool.gate_of(records))
+
+    curves = {"a": {0: 0.3, 4: 0.5}, "b": {0: 0.6, 4: 0.7}}  # a is the weaker
+    later = [train(2, "a", 0.5, [0.0]), train(1, "b", 0.5, [0.0])]
+    results = [result(1, [train(1, "a", 0.90, [0.6, 0.2])] + later),
+               result(2, [train(1, "a", 0.998, [0.14, 0.20, 0.95, 0.91])] + later),
+               result(3, [train(1, "a", 0.80, [None, 0.7])] + later),
+               result(4, [{"kind": "train", "step": 1, "agent": "a", "num_cross": 0.0}])]  # no cross term: no row
+    assert tool.gate_rows(results) == [
+        ["hacpo", "1", "a", "1", "0.900", "0.60 / 0.20", "passes"],
+        ["hacpo", "2", "a", "1", "0.998", "0.14 / 0.20 / 0.95 / 0.91",
+         "**misses**: mean s 0.998 outside 0.85-0.95; first update lets 0.14 < 0.50 through"],
+        ["hacpo", "3", "a", "1", "0.800", "n/a / 0.70",
+         "**misses**: mean s 0.800 outside 0.85-0.95; first update lets none < 0.50 through"]]
+    text = tool.results_markdown(results, ["hacpo"], None, {}, base_config="cfg.yaml", seeds=[1, 2, 3, 4],
+                                 workdir=str(tmp_path))
+    assert "## The gate at the first step" in text and "| hacpo | 1 | a | 1 | 0.900 | 0.60 / 0.20 | passes |" in text
 
 
 def test_the_regime_of_a_run_from_before_the_per_update_figures_is_estimated_from_step_means(tool):
