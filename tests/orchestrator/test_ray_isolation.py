@@ -65,10 +65,11 @@ class _Busy:
 def test_shutdown_leaves_no_process_of_the_local_ray(ray_tmp):
     """Its processes ignore SIGTERM (they must outlive a preemption signal) and are SIGKILLed at once: the GCS,
     the raylet, what the raylet started (agents, an actor's worker) all end with shutdown."""
+    earlier = set(psutil.Process().children(recursive=True))  # an earlier test's helpers in this worker are not Ray's
     runtime = RayRuntime.connect(None, num_cpus=1)
     actor = _Busy.remote()
     worker = psutil.Process(ray.get(actor.pid.remote()))
-    family = psutil.Process().children(recursive=True)
+    family = [p for p in psutil.Process().children(recursive=True) if p not in earlier]
     names = {p.name() for p in family} | {worker.name()}
     assert any("raylet" in n for n in names) and any("gcs_server" in n for n in names), names
     runtime.shutdown()
