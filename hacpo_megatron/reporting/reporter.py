@@ -71,7 +71,7 @@ class RunReporter:
     def _progress_bar(total_steps: int, start_step: int):
         from tqdm import tqdm
 
-        return tqdm(total=total_steps, initial=start_step, desc="HACPO", unit="step", dynamic_ncols=True)
+        return tqdm(total=total_steps, initial=start_step, desc="train", unit="step", dynamic_ncols=True)
 
     # ---- logging
     def log_step(self, step: int, records: Sequence[Mapping[str, Any]]) -> None:
