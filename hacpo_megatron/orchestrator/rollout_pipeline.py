@@ -199,7 +199,7 @@ def held_out_scores(settings: GenerationSettings, agents: RunAgents, eval_set: l
     """Every agent's score on each held-out problem (on rank 0; {} elsewhere): the mean score of its answers to
     it (greedy, or k samples with a seed that is the same at every evaluation, so successive evaluations differ by
     the weights only). Their mean is the held-out accuracy; kept per problem, two evaluations can be compared
-    problem by problem (a paired standard error: tools/compare_algorithms.py). Collective: an engine that died
+    problem by problem (a paired standard error: study/report.py's gain_rows). Collective: an engine that died
     (Ray's memory monitor ends actors when the machine passes 95 % of its memory) is given its weights again by
     its ranks and answers again, as in a training step."""
     rank, params = dist.get_rank(), settings.held_out

@@ -31,7 +31,7 @@ def mean_over_updates(updates: List[Dict[str, float]]) -> Dict[str, float]:
 
 
 def regime_by_update(updates: List[Dict[str, float]]) -> Dict[str, float]:
-    """Per update m of the step, what says whether a run is in the paper's regime (tools/compare_algorithms.py):
+    """Per update m of the step, what says whether a run is in the paper's regime (study/diagnostics.py):
     `regime/own_clipped/u<m>`, the share of own rows outside GSPO's clip (the GSPO paper clips ~15 % of tokens;
     the updates after the first are the ones that can clip), and `regime/right_through/u<m>`, the share of the
     other agents' right answers (positive advantage) inside the cross clip [lo_m, 1]: those that moved it."""

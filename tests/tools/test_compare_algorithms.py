@@ -1,5 +1,6 @@
-"""tools/compare_algorithms.py with a fake launcher that writes run folders (no training, no models): the
-table's statistics against numpy, resume and skip decisions, failures, preemption, bad input, the plot."""
+"""tools/compare_algorithms.py and its package hacpo_megatron/study/ with a fake launcher that writes run folders
+(no training, no models): the table's statistics against numpy, resume and skip decisions, failures, preemption,
+bad input, the plot. The command line is exercised through the tool's file, the rest through the package."""
 import importlib.util
 import json
 import math
@@ -12,6 +13,33 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+
+from hacpo_megatron.study.cells import (
+    FINISHED,
+    NOT_STARTED,
+    RESUMABLE,
+    Cell,
+    CellState,
+    Variant,
+    cell_state,
+    launcher_command,
+    parse_variant,
+    plan_cells,
+)
+from hacpo_megatron.study.diagnostics import clip_diagnostics, gate_of, regime_of, regime_verdict, weaker_agent
+from hacpo_megatron.study.report import (
+    CellResult,
+    accuracy_rows,
+    clip_table,
+    code_version,
+    collect_cell,
+    gain_rows,
+    gate_rows,
+    paired_rows,
+    results_markdown,
+)
+from hacpo_megatron.study.runner import PREEMPTED_EXIT_CODE, resolve_config, run_launcher
+from hacpo_megatron.study.stats import Estimate, mean_ci, t_quantile_975
 
 REPO = Path(__file__).resolve().parents[2]
 TOOL = REPO / "tools" / "compare_algorithms.py"
@@ -33,9 +61,10 @@ T_975_1 = 12.706
 
 @pytest.fixture(scope="module")
 def tool():
+    """The command line, loaded from the file users run."""
     spec = importlib.util.spec_from_file_location("compare_algorithms", TOOL)
     module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
+    sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
 
@@ -121,8 +150,8 @@ def test_table_values_paired_differences_and_plot(tool, tmp_path):
     assert len(launcher.calls) == 6
 
     study = tool.study_from_args(tool.build_parser().parse_args(study_args(tmp_path)))
-    results = [tool.collect_cell(cell) for cell in study.cells()]
-    rows = {(r.label, r.agent): r for r in tool.accuracy_rows(results, study.labels)}
+    results = [collect_cell(cell) for cell in study.cells()]
+    rows = {(r.label, r.agent): r for r in accuracy_rows(results, study.labels)}
     for agent in AGENTS:
         values = [FINAL[("hacpo", s, agent)] for s in (1, 2, 3)]
         mean, half = _ci(values, T_975_2)
@@ -135,7 +164,7 @@ def test_table_values_paired_differences_and_plot(tool, tmp_path):
         assert (gspo.estimate.n, gspo.estimate.mean) == (2, pytest.approx(mean, abs=1e-9))
         assert gspo.estimate.half_width == pytest.approx(half, rel=2e-4)
 
-    paired = {(r.label, r.agent): r for r in tool.paired_rows(results, study.labels, "gspo")}
+    paired = {(r.label, r.agent): r for r in paired_rows(results, study.labels, "gspo")}
     assert set(paired) == {("hacpo", a) for a in AGENTS}  # no row for the baseline against itself
     for agent in AGENTS:
         diffs = [FINAL[("hacpo", s, agent)] - FINAL[("gspo", s, agent)] for s in (1, 2)]
@@ -153,16 +182,16 @@ def test_table_values_paired_differences_and_plot(tool, tmp_path):
     assert "| gspo | 3 | not started: no checkpoint (logged up to step 1) | ran fresh, failed (exit 1) |" in text
     # a reader can rerun it: the study folder (outside the checkout here) is OUT, no folder of this machine is named
     assert "--only LABEL:SEED" in text and "--output-dir OUT/hacpo/seed2" in text and "--out OUT" in text
-    assert f"Code: {tool.code_version(os.getcwd())}." in text and "| hacpo | 2 | finished" in text
+    assert f"Code: {code_version(os.getcwd())}." in text and "| hacpo | 2 | finished" in text
     assert str(tmp_path) not in text and sys.executable not in text
     plot = tmp_path / "accuracy.png"
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and plot.stat().st_size > 10_000
 
 
-def test_mean_ci_small_cases(tool):
-    assert tool.mean_ci([]) == tool.Estimate(None, None, 0)
-    assert tool.mean_ci([0.4]) == tool.Estimate(0.4, None, 1)
-    estimate = tool.mean_ci([0.2, 0.4, 0.9])
+def test_mean_ci_small_cases():
+    assert mean_ci([]) == Estimate(None, None, 0)
+    assert mean_ci([0.4]) == Estimate(0.4, None, 1)
+    estimate = mean_ci([0.2, 0.4, 0.9])
     assert estimate.half_width == pytest.approx(T_975_2 * np.std([0.2, 0.4, 0.9], ddof=1) / math.sqrt(3), rel=2e-4)
     low, high = estimate.interval
     assert (low, high) == pytest.approx((estimate.mean - estimate.half_width, estimate.mean + estimate.half_width))
@@ -185,14 +214,14 @@ def _t_quantile_by_integration(dof):
 
 
 @pytest.mark.parametrize("dof", [1, 2, 3, 5, 9, 17, 30, 31, 45, 120])
-def test_t_quantile(tool, dof):
-    assert tool.t_quantile_975(dof) == pytest.approx(_t_quantile_by_integration(dof), abs=2e-4)
+def test_t_quantile(dof):
+    assert t_quantile_975(dof) == pytest.approx(_t_quantile_by_integration(dof), abs=2e-4)
 
 
-def test_t_quantile_known_values(tool):
-    assert tool.t_quantile_975(2) == pytest.approx(T_975_2, abs=5e-4)
-    assert tool.t_quantile_975(4) == pytest.approx(2.776, abs=5e-4)
-    assert tool.t_quantile_975(60) == pytest.approx(2.000, abs=5e-4)
+def test_t_quantile_known_values():
+    assert t_quantile_975(2) == pytest.approx(T_975_2, abs=5e-4)
+    assert t_quantile_975(4) == pytest.approx(2.776, abs=5e-4)
+    assert t_quantile_975(60) == pytest.approx(2.000, abs=5e-4)
 
 
 # ---------------------------------------------------------------------------------------- skip, resume, fail
@@ -206,14 +235,14 @@ def test_finished_cells_are_skipped(tool, tmp_path):
     assert "skipped (finished)" in (tmp_path / "results.md").read_text()
 
 
-def test_finished_needs_the_final_eval_not_summary(tool, tmp_path):
+def test_finished_needs_the_final_eval_not_summary(tmp_path):
     write_run(tmp_path / "no_summary", "hacpo", 1, summary=False)
-    assert tool.cell_state(tmp_path / "no_summary").status == tool.FINISHED  # the last step's records count
+    assert cell_state(tmp_path / "no_summary").status == FINISHED  # the last step's records count
     crashed = tmp_path / "crashed"
     write_run(crashed, "hacpo", 1, upto=3)  # crashed after step 3: summary.md is written anyway, checkpoint 2
-    state = tool.cell_state(crashed)
-    assert (state.status, state.checkpoint_step, state.last_step) == (tool.RESUMABLE, 2, 3)
-    assert tool.cell_state(tmp_path / "nothing").status == tool.NOT_STARTED
+    state = cell_state(crashed)
+    assert (state.status, state.checkpoint_step, state.last_step) == (RESUMABLE, 2, 3)
+    assert cell_state(tmp_path / "nothing").status == NOT_STARTED
     records = [json.loads(line) for line in (crashed / "metrics.jsonl").read_text().splitlines()]
     folder = tmp_path / "no_final_eval"
     write_run(folder, "hacpo", 1)  # every training record of step 4, but one agent's final eval missing
@@ -221,7 +250,7 @@ def test_finished_needs_the_final_eval_not_summary(tool, tmp_path):
                                                 for a in AGENTS]
     (folder / "metrics.jsonl").write_text("\n".join(lines + [json.dumps(
         {"step": 4, "agent": "qwen3-tiny", "eval/accuracy": 0.7, "kind": "eval"})]) + "\n")
-    assert tool.cell_state(folder).status == tool.RESUMABLE
+    assert cell_state(folder).status == RESUMABLE
 
 
 def test_unfinished_cells_resume_or_start_fresh(tool, tmp_path):
@@ -251,7 +280,7 @@ def test_failed_cell_is_reported_and_the_study_goes_on(tool, tmp_path, capsys):
 
 def test_preempted_cell_stops_the_study(tool, tmp_path):
     launcher = FakeLauncher(preempt={("hacpo", 2)})
-    assert run_tool(tool, study_args(tmp_path), launcher) == tool.PREEMPTED_EXIT_CODE
+    assert run_tool(tool, study_args(tmp_path), launcher) == PREEMPTED_EXIT_CODE
     assert launcher.cells() == [("hacpo", 1, False), ("hacpo", 2, False)]  # nothing started after it
     assert (tmp_path / "results.md").is_file()
     again = FakeLauncher()
@@ -260,9 +289,9 @@ def test_preempted_cell_stops_the_study(tool, tmp_path):
     assert len(again.calls) == 5
 
 
-def test_preemption_code_is_the_entry_points(tool):
+def test_preemption_code_is_the_entry_points():
     source = (REPO / "hacpo_megatron" / "orchestrator" / "preemption.py").read_text()
-    assert int(re.search(r"^PREEMPTED_EXIT_CODE = (\d+)", source, re.M).group(1)) == tool.PREEMPTED_EXIT_CODE
+    assert int(re.search(r"^PREEMPTED_EXIT_CODE = (\d+)", source, re.M).group(1)) == PREEMPTED_EXIT_CODE
 
 
 def test_only_runs_one_cell(tool, tmp_path):
@@ -314,18 +343,18 @@ def test_compare_adds_paired_differences_between_any_two_variants(tool, tmp_path
 
 
 # ---------------------------------------------------------------------------------------- commands and input
-def test_launcher_command(tool, tmp_path):
-    variants = [tool.parse_variant("hacpo=", BASE), tool.parse_variant(f"naive={NAIVE};algorithm.alpha=3", BASE),
-                tool.parse_variant("a3 = algorithm.alpha=3 ; algorithm.cross_clip=false", BASE)]
-    cells = tool.plan_cells(variants, [7], tmp_path)
-    assert tool.launcher_command(cells[0], ["run.total_steps=2"], python="py") == [
+def test_launcher_command(tmp_path):
+    variants = [parse_variant("hacpo=", BASE), parse_variant(f"naive={NAIVE};algorithm.alpha=3", BASE),
+                parse_variant("a3 = algorithm.alpha=3 ; algorithm.cross_clip=false", BASE)]
+    cells = plan_cells(variants, [7], tmp_path)
+    assert launcher_command(cells[0], ["run.total_steps=2"], python="py") == [
         "py", "-m", "hacpo_megatron.launch", "--config", BASE, "--set", "run.seed=7", "--set", "run.total_steps=2",
         "--output-dir", str(tmp_path / "hacpo" / "seed7")]
-    naive = tool.launcher_command(cells[1], resume=True, python="py")
+    naive = launcher_command(cells[1], resume=True, python="py")
     assert naive[3:5] == ["--config", NAIVE] and naive[-3:] == ["--output-dir", str(tmp_path / "naive" / "seed7"),
                                                                 "--resume"]
     assert "algorithm.alpha=3" in naive
-    assert variants[2] == tool.Variant("a3", BASE, ("algorithm.alpha=3", "algorithm.cross_clip=false"))
+    assert variants[2] == Variant("a3", BASE, ("algorithm.alpha=3", "algorithm.cross_clip=false"))
 
 
 @pytest.mark.parametrize("argv_change, message", [
@@ -375,38 +404,38 @@ def test_a_folder_of_another_config_is_bad_input(tool, tmp_path, capsys):
 def test_invalid_override_is_found_before_any_run(tool, tmp_path, capsys):
     launcher = FakeLauncher()
     argv = study_args(tmp_path, "--variant", "typo=algorithm.alhpa=3", seeds=("1",))
-    assert tool.main(argv, launch=launcher, resolve=tool.resolve_config) == 2  # the project's config loader
+    assert tool.main(argv, launch=launcher, resolve=resolve_config) == 2  # the project's config loader
     err = capsys.readouterr().err
     assert "--variant typo" in err and "algorithm.alhpa: unknown key" in err and len(err.strip().splitlines()) == 1
     assert launcher.calls == []
 
 
-def test_default_runner_logs_and_returns_the_exit_code(tool, tmp_path):
+def test_default_runner_logs_and_returns_the_exit_code(tmp_path):
     log = tmp_path / "cell" / "launcher.log"
     command = [sys.executable, "-c", "import sys; print('hello from the cell'); sys.exit(3)"]
-    assert tool.run_launcher(command, log) == 3
+    assert run_launcher(command, log) == 3
     text = log.read_text()
     assert "hello from the cell" in text and text.lstrip().startswith("===")
 
 
-def test_code_version_names_the_commit_and_uncommitted_changes(tool, tmp_path):
+def test_code_version_names_the_commit_and_uncommitted_changes(tmp_path):
     def git(*args):
         subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True)
 
-    assert tool.code_version(str(tmp_path)) == "not a git checkout"
+    assert code_version(str(tmp_path)) == "not a git checkout"
     git("init", "-q")
     (tmp_path / "a.py").write_text("x = 1\n")
     git("add", "a.py")
     git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "c")
     head = subprocess.run(["git", "-C", str(tmp_path), "rev-parse", "HEAD"], capture_output=True, text=True).stdout
-    assert tool.code_version(str(tmp_path)) == f"commit {head.strip()[:12]}"
+    assert code_version(str(tmp_path)) == f"commit {head.strip()[:12]}"
     (tmp_path / "notes.txt").write_text("untracked files are no code change\n")
-    assert tool.code_version(str(tmp_path)) == f"commit {head.strip()[:12]}"
+    assert code_version(str(tmp_path)) == f"commit {head.strip()[:12]}"
     (tmp_path / "a.py").write_text("x = 2\n")
-    assert tool.code_version(str(tmp_path)) == f"commit {head.strip()[:12]} with uncommitted changes"
+    assert code_version(str(tmp_path)) == f"commit {head.strip()[:12]} with uncommitted changes"
 
 
-def test_clip_diagnostics_per_step_and_their_table_over_seeds(tool, tmp_path):
+def test_clip_diagnostics_per_step_and_their_table_over_seeds(tmp_path):
     def train(step, agent, num_cross, lower, upper, s, right, right_inside):
         return {"kind": "train", "step": step, "agent": agent, "num_cross": num_cross, "cross_clip_frac_lower": lower,
                 "cross_clip_frac_upper": upper, "cross_ratio_mean": s, "cross_positive_frac": right,
@@ -414,7 +443,7 @@ def test_clip_diagnostics_per_step_and_their_table_over_seeds(tool, tmp_path):
 
     records = [train(1, "a", 32.0, 0.75, 0.05, 0.6, 0.25, 0.0625), train(1, "b", 0.0, 0, 0, 0, 0, 0),
                {"kind": "eval", "step": 1, "agent": "a", "eval/accuracy": 0.5}]
-    clip = tool.clip_diagnostics(records)
+    clip = clip_diagnostics(records)
     assert set(clip) == {"a"}  # b saw no other agent's answer (a single-agent baseline): left out
     assert clip["a"][1] == pytest.approx({"below": 0.75, "inside": 0.2, "above": 0.05, "mean_s": 0.6,
                                           "right": 0.25, "right_inside": 0.0625})
@@ -424,16 +453,16 @@ def test_clip_diagnostics_per_step_and_their_table_over_seeds(tool, tmp_path):
         write_run(folder, "hacpo", seed)
         with (folder / "metrics.jsonl").open("a") as f:
             f.write(json.dumps(train(1, AGENTS[0], 32.0, below, 0.0, 0.5, 0.5, 0.25)) + "\n")
-    variant = tool.Variant("hacpo", "cfg.yaml")
-    results = [tool.collect_cell(cell) for cell in tool.plan_cells([variant], [1, 2], tmp_path)]
-    rows = tool.clip_table(results, "hacpo")
+    variant = Variant("hacpo", "cfg.yaml")
+    results = [collect_cell(cell) for cell in plan_cells([variant], [1, 2], tmp_path)]
+    rows = clip_table(results, "hacpo")
     assert rows == [["1", AGENTS[0], "0.50", "0.50", "0.00", "0.50", "0.50", "0.25", "2"]]
-    text = tool.results_markdown(results, ["hacpo"], None, {}, base_config="cfg.yaml", seeds=[1, 2],
+    text = results_markdown(results, ["hacpo"], None, {}, base_config="cfg.yaml", seeds=[1, 2],
                                  workdir=str(tmp_path))
     assert "| 1 | " + AGENTS[0] + " | 0.50 | 0.50 | 0.00 | 0.50 | 0.50 | 0.25 | 2 |" in text
 
 
-def test_the_gain_over_the_run_in_standard_errors(tool, tmp_path):
+def test_the_gain_over_the_run_in_standard_errors(tmp_path):
     """hacpo seed 1, qwen3-tiny: 0.50 at step 0, 0.70 at the last step (write_run), on 100 held-out problems and
     no per-problem scores: binomial SE = sqrt((0.5 * 0.5 + 0.7 * 0.3) / 100) = 0.0678, the gain 0.20 is 2.9 of
     them. Seed 2 kept each problem's score (eval_scores.jsonl): the paired SE, sd of the per-problem gains / sqrt(n)."""
@@ -446,9 +475,9 @@ def test_the_gain_over_the_run_in_standard_errors(tool, tmp_path):
     (paired / "eval_scores.jsonl").write_text("".join(
         json.dumps({"step": step, "agent": "qwen3-tiny", "scores": scores}) + "\n"
         for step, scores in ((0, before), (4, after))))
-    results = [tool.collect_cell(cell) for cell in tool.plan_cells([tool.Variant("hacpo", "cfg.yaml")], [1, 2],
+    results = [collect_cell(cell) for cell in plan_cells([Variant("hacpo", "cfg.yaml")], [1, 2],
                                                                     tmp_path)]
-    rows = tool.gain_rows(results, ["hacpo"])
+    rows = gain_rows(results, ["hacpo"])
     se = math.sqrt((0.5 * 0.5 + 0.7 * 0.3) / 100)
     assert rows[0] == ["hacpo", "qwen3-tiny", "1", "0.500 (step 0)", "0.700 (step 4)", "+0.200", f"{se:.3f} (binomial)",
                        f"{0.2 / se:+.1f}"]
@@ -457,12 +486,12 @@ def test_the_gain_over_the_run_in_standard_errors(tool, tmp_path):
     gain = float(rows[2][5])  # seed 2's accuracies (write_run's) differ from seed 1's; the SE is the scores'
     assert rows[2][6:] == [f"{paired_se:.3f} (paired)", f"{gain / paired_se:+.1f}"]
     assert [row[:3] for row in rows] == [["hacpo", agent, "1"] for agent in AGENTS] + [["hacpo", "qwen3-tiny", "2"]]
-    text = tool.results_markdown(results, ["hacpo"], None, {}, base_config="cfg.yaml", seeds=[1, 2],
+    text = results_markdown(results, ["hacpo"], None, {}, base_config="cfg.yaml", seeds=[1, 2],
                                  workdir=str(tmp_path))
     assert "## Held-out gain over the run" in text and f"| +0.200 | {se:.3f} (binomial) | +2.9 |" in text
 
 
-def test_the_regime_of_a_cell_from_per_update_figures_and_its_flags(tool):
+def test_the_regime_of_a_cell_from_per_update_figures_and_its_flags():
     """Own rows clipped per update index (means over steps), after the first, and the others' right answers let
     through; flagged outside when updates after the first clip more than 30 %, or when the weaker agent (lower
     first held-out accuracy) lets fewer than 30 % through. The stronger agent's cross figure is no flag."""
@@ -473,21 +502,21 @@ def test_the_regime_of_a_cell_from_per_update_figures_and_its_flags(tool):
 
     records = [train(1, "a", [0.0, 0.2, 0.4], [0.5, 0.1]), train(2, "a", [0.0, 0.4, 0.6], [0.3]),
                train(1, "b", [0.0, 0.1, 0.1], [0.1]), train(2, "b", [0.0, 0.1, 0.3], [0.0])]
-    regime = tool.regime_of(records)
+    regime = regime_of(records)
     assert regime["a"].own_by_update == pytest.approx({0: 0.0, 1: 0.3, 2: 0.5})
     assert regime["a"].own_after_first == pytest.approx(0.4) and regime["a"].right_through == pytest.approx(0.3)
     assert regime["b"].own_after_first == pytest.approx(0.15) and not regime["b"].from_step_means
     curves = {"a": {0: 0.6, 4: 0.7}, "b": {0: 0.3, 4: 0.5}}
-    assert tool.weaker_agent(curves) == "b"
-    assert tool.regime_verdict("a", regime["a"], "b").startswith("**outside**: own clip 0.400 > 0.30")
+    assert weaker_agent(curves) == "b"
+    assert regime_verdict("a", regime["a"], "b").startswith("**outside**: own clip 0.400 > 0.30")
     just_past = type(regime["a"])({}, 0.3014, None)  # past the limit by less than the second decimal
-    assert tool.regime_verdict("a", just_past, "b") == "**outside**: own clip 0.301 > 0.30"
-    assert "cross clip" not in tool.regime_verdict("a", regime["a"], "b")  # a is the stronger: no cross flag
-    assert tool.regime_verdict("b", regime["b"], "b") == "**outside**: cross clip lets 0.050 < 0.30 through"
-    assert tool.regime_verdict("b", regime["b"], "a") == "in"
+    assert regime_verdict("a", just_past, "b") == "**outside**: own clip 0.301 > 0.30"
+    assert "cross clip" not in regime_verdict("a", regime["a"], "b")  # a is the stronger: no cross flag
+    assert regime_verdict("b", regime["b"], "b") == "**outside**: cross clip lets 0.050 < 0.30 through"
+    assert regime_verdict("b", regime["b"], "a") == "in"
 
 
-def test_the_gate_reads_the_weaker_learners_first_step_and_names_what_it_misses(tool, tmp_path):
+def test_the_gate_reads_the_weaker_learners_first_step_and_names_what_it_misses(tmp_path):
     """At the first step with the other's answers: the weaker agent's mean s in 0.85-0.95 and >= 50 % of the
     other's right answers through at the first update; later steps, and the stronger agent, do not count."""
     def train(step, agent, mean_s, through):
@@ -496,9 +525,9 @@ def test_the_gate_reads_the_weaker_learners_first_step_and_names_what_it_misses(
                                                if v is not None}}
 
     def result(seed, records):
-        cell = tool.Cell(tool.Variant("hacpo", "cfg.yaml"), seed, tmp_path / f"seed{seed}")
-        return tool.CellResult(cell, tool.CellState(tool.FINISHED), ["a", "b"], {}, curves,
-                               gate=tool.gate_of(records))
+        cell = Cell(Variant("hacpo", "cfg.yaml"), seed, tmp_path / f"seed{seed}")
+        return CellResult(cell, CellState(FINISHED), ["a", "b"], {}, curves,
+                               gate=gate_of(records))
 
     curves = {"a": {0: 0.3, 4: 0.5}, "b": {0: 0.6, 4: 0.7}}  # a is the weaker
     later = [train(2, "a", 0.5, [0.0]), train(1, "b", 0.5, [0.0])]
@@ -506,25 +535,25 @@ def test_the_gate_reads_the_weaker_learners_first_step_and_names_what_it_misses(
                result(2, [train(1, "a", 0.998, [0.14, 0.20, 0.95, 0.91])] + later),
                result(3, [train(1, "a", 0.80, [None, 0.7])] + later),
                result(4, [{"kind": "train", "step": 1, "agent": "a", "num_cross": 0.0}])]  # no cross term: no row
-    assert tool.gate_rows(results) == [
+    assert gate_rows(results) == [
         ["hacpo", "1", "a", "1", "0.900", "0.60 / 0.20", "passes"],
         ["hacpo", "2", "a", "1", "0.998", "0.14 / 0.20 / 0.95 / 0.91",
          "**misses**: mean s 0.998 outside 0.85-0.95; first update lets 0.14 < 0.50 through"],
         ["hacpo", "3", "a", "1", "0.800", "n/a / 0.70",
          "**misses**: mean s 0.800 outside 0.85-0.95; first update lets none < 0.50 through"]]
-    text = tool.results_markdown(results, ["hacpo"], None, {}, base_config="cfg.yaml", seeds=[1, 2, 3, 4],
+    text = results_markdown(results, ["hacpo"], None, {}, base_config="cfg.yaml", seeds=[1, 2, 3, 4],
                                  workdir=str(tmp_path))
     assert "## The gate at the first step" in text and "| hacpo | 1 | a | 1 | 0.900 | 0.60 / 0.20 | passes |" in text
 
 
-def test_the_regime_of_a_run_from_before_the_per_update_figures_is_estimated_from_step_means(tool):
+def test_the_regime_of_a_run_from_before_the_per_update_figures_is_estimated_from_step_means():
     """M updates whose first is on-policy: the step mean of the clipped share times M / (M - 1)."""
     records = [{"kind": "train", "step": 1, "agent": "a", "num_updates": 4.0, "num_own": 32.0,
                 "own_clip_frac_lower": 0.3, "own_clip_frac_upper": 0.15, "num_cross": 32.0,
                 "cross_positive_frac": 0.5, "cross_positive_inside_frac": 0.1},
                {"kind": "train", "step": 1, "agent": "g", "num_updates": 1.0, "num_own": 8.0,
                 "own_clip_frac_lower": 0.0, "own_clip_frac_upper": 0.0}]
-    regime = tool.regime_of(records)
+    regime = regime_of(records)
     assert regime["a"].from_step_means and regime["a"].own_after_first == pytest.approx(0.45 * 4 / 3)
     assert regime["a"].right_through == pytest.approx(0.2)
     assert regime["g"].own_after_first is None  # one update a step: nothing after the first to clip
