@@ -95,6 +95,7 @@ class Gate:
     step: int  # the first step with other agents' answers
     mean_s: float  # their mean ratio s over that step's updates
     through_by_update: List[Optional[float]]  # share of their right answers inside the cross clip, update by update
+    # (None: no right answers of theirs in that update; [] when the records predate the per-update figures)
 
 
 def gate_of(records: Sequence[Mapping[str, Any]]) -> Dict[str, Gate]:
@@ -105,7 +106,8 @@ def gate_of(records: Sequence[Mapping[str, Any]]) -> Dict[str, Gate]:
             if r["agent"] not in first or r["step"] < first[r["agent"]]["step"]:
                 first[r["agent"]] = r
     return {agent: Gate(r["step"], float(r.get("cross_ratio_mean", math.nan)),
-                        [r.get(f"regime/right_through/u{m}") for m in range(int(r.get("num_updates", 0)))])
+                        [r.get(f"regime/right_through/u{m}") for m in range(int(r.get("num_updates", 0)))]
+                        if any(key.startswith("regime/") for key in r) else [])
             for agent, r in first.items()}
 
 

@@ -179,13 +179,16 @@ def gate_rows(results: Sequence[CellResult]) -> List[List[str]]:
         gate = r.gate.get(weaker)
         if gate is None:
             continue
-        first = gate.through_by_update[0] if gate.through_by_update else None
         low, high = GATE_MEAN_S
-        misses = ([] if low <= gate.mean_s <= high else [f"mean s {gate.mean_s:.3f} outside {low}-{high}"]) + (
-            [] if first is not None and first >= GATE_RIGHT_THROUGH_MIN else
-            [f"first update lets {'none' if first is None else f'{first:.2f}'} < {GATE_RIGHT_THROUGH_MIN:.2f} through"])
-        rows.append([r.cell.variant.label, str(r.cell.seed), weaker, str(gate.step), f"{gate.mean_s:.3f}",
-                     " / ".join("n/a" if v is None else f"{v:.2f}" for v in gate.through_by_update),
+        misses = [] if low <= gate.mean_s <= high else [f"mean s {gate.mean_s:.3f} outside {low}-{high}"]
+        if not gate.through_by_update:  # a cell from before the per-update figures: the gate cannot be read
+            misses.append("first update not logged")
+        elif gate.through_by_update[0] is None or gate.through_by_update[0] < GATE_RIGHT_THROUGH_MIN:
+            first = gate.through_by_update[0]
+            misses.append(f"first update lets {'none' if first is None else f'{first:.2f}'} < "
+                          f"{GATE_RIGHT_THROUGH_MIN:.2f} through")
+        through = " / ".join("n/a" if v is None else f"{v:.2f}" for v in gate.through_by_update) or "not logged"
+        rows.append([r.cell.variant.label, str(r.cell.seed), weaker, str(gate.step), f"{gate.mean_s:.3f}", through,
                      "**misses**: " + "; ".join(misses) if misses else "passes"])
     return rows
 

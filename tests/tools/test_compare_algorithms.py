@@ -534,13 +534,16 @@ def test_the_gate_reads_the_weaker_learners_first_step_and_names_what_it_misses(
     results = [result(1, [train(1, "a", 0.90, [0.6, 0.2])] + later),
                result(2, [train(1, "a", 0.998, [0.14, 0.20, 0.95, 0.91])] + later),
                result(3, [train(1, "a", 0.80, [None, 0.7])] + later),
-               result(4, [{"kind": "train", "step": 1, "agent": "a", "num_cross": 0.0}])]  # no cross term: no row
+               result(4, [{"kind": "train", "step": 1, "agent": "a", "num_cross": 0.0}]),  # no cross term: no row
+               result(5, [{"kind": "train", "step": 1, "agent": "a", "num_cross": 16.0, "num_updates": 2.0,
+                           "cross_ratio_mean": 0.9}])]  # records from before the per-update figures
     assert gate_rows(results) == [
         ["hacpo", "1", "a", "1", "0.900", "0.60 / 0.20", "passes"],
         ["hacpo", "2", "a", "1", "0.998", "0.14 / 0.20 / 0.95 / 0.91",
          "**misses**: mean s 0.998 outside 0.85-0.95; first update lets 0.14 < 0.50 through"],
         ["hacpo", "3", "a", "1", "0.800", "n/a / 0.70",
-         "**misses**: mean s 0.800 outside 0.85-0.95; first update lets none < 0.50 through"]]
+         "**misses**: mean s 0.800 outside 0.85-0.95; first update lets none < 0.50 through"],
+        ["hacpo", "5", "a", "1", "0.900", "not logged", "**misses**: first update not logged"]]
     text = results_markdown(results, ["hacpo"], None, {}, base_config="cfg.yaml", seeds=[1, 2, 3, 4],
                                  workdir=str(tmp_path))
     assert "## The gate at the first step" in text and "| hacpo | 1 | a | 1 | 0.900 | 0.60 / 0.20 | passes |" in text
