@@ -41,8 +41,15 @@ def test_good_config_loads_with_typed_values(tmp_path):
     assert cfg.rollout.samples_per_prompt == 8  # paper default
 
 
+@pytest.fixture(scope="module")
+def metadata_folders(tmp_path_factory):
+    """Where the GGUF files' config.json folders go, made once per module: reading Gemma 3's metadata (its 262k-token
+    vocabulary with it) takes 20-60 s, and five shipped configs use SmolLM2."""
+    return tmp_path_factory.mktemp("gguf_metadata")
+
+
 @pytest.fixture
-def gguf_models_from_metadata(monkeypatch, tmp_path):
+def gguf_models_from_metadata(monkeypatch, metadata_folders):
     """Known GGUF models resolved to a folder of what validation reads (config.json), taken from the file's
     metadata instead of de-quantising its weights (Gemma 3 270M: 48 s of CI). The conversion itself is
     checked in tests/checkpoint (test_gguf.py, test_smollm2_conversion.py, test_gemma3_conversion.py)."""
@@ -54,7 +61,7 @@ def gguf_models_from_metadata(monkeypatch, tmp_path):
         if os.path.isdir(os.fspath(name_or_path)):
             return name_or_path
         path = gguf_sources.locate_gguf(name_or_path)  # every check a real resolution makes of the file
-        folder = tmp_path / path.stem
+        folder = metadata_folders / path.stem
         if not folder.exists():
             AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name).save_pretrained(folder)
         return folder
