@@ -142,7 +142,7 @@ class RolloutConfig:
     # environment's VLLM_CPU_KVCACHE_SPACE, whole GiB, wins if set). A real pair's two engines and two
     # trainers share one machine's memory: size it to what a step's answers need (docs/rollout.md)
     cpu_kv_cache_gib: float = 1.0
-    # how weights reach the engines after each update (rollout/transport.py): a torch.distributed group of
+    # how weights reach the engines after each step's updates (rollout/transport.py): a torch.distributed group of
     # the engine rank and the engine's processes (gloo on CPU, NCCL on GPU); object_store: bytes through Ray
     # (the fallback); cuda_ipc: engine on the trainer's GPU (run once on an H200: docs/gpu.md)
     weight_transport: Literal["process_group", "object_store", "cuda_ipc"] = "process_group"
@@ -164,7 +164,7 @@ class RolloutConfig:
 
 @dataclass
 class DataConfig:
-    train: str = "synthetic:arithmetic"  # a .jsonl/.parquet file, synthetic:<task> or reasoning_gym:<generator>
+    train: str = "synthetic:arithmetic"  # a .jsonl/.json/.parquet file, synthetic:<task> or reasoning_gym:<generator>
     eval: Optional[str] = "synthetic:arithmetic"
     prompt_batch_size: int = 128  # B
     eval_every: int = 10  # steps; 0 disables
