@@ -59,11 +59,11 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Optional, Sequence, Tuple
+from typing import Optional, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from hacpo_megatron.study.cells import StudyInputError, parse_cell_ref, parse_variant  # noqa: E402
+from hacpo_megatron.study.cells import StudyInputError, parse_cell_ref, parse_comparison, parse_variant  # noqa: E402
 from hacpo_megatron.study.runner import (  # noqa: E402
     EXIT_BAD_INPUT,
     Launch,
@@ -103,14 +103,6 @@ def build_parser() -> argparse.ArgumentParser:
     mode.add_argument("--report", action="store_true",
                       help="run nothing; write results.md and accuracy.png from the cells as they are")
     return parser
-
-
-def parse_comparison(text: str) -> Tuple[str, str]:
-    """--compare A:B -> (A, B)."""
-    label, sep, other = text.partition(":")
-    if not sep or not label.strip() or not other.strip():
-        raise StudyInputError(f"--compare {text!r}: expected A:B, two variant labels")
-    return label.strip(), other.strip()
 
 
 def study_from_args(args: argparse.Namespace, command: Optional[str] = None) -> Study:

@@ -82,6 +82,14 @@ def parse_cell_ref(text: str) -> Tuple[str, int]:
     return label, int(seed)
 
 
+def parse_comparison(text: str) -> Tuple[str, str]:
+    """--compare A:B -> (A, B)."""
+    label, sep, other = text.partition(":")
+    if not sep or not label.strip() or not other.strip():
+        raise StudyInputError(f"--compare {text!r}: expected A:B, two variant labels")
+    return label.strip(), other.strip()
+
+
 def plan_cells(variants: Sequence[Variant], seeds: Sequence[int], out: Path) -> List[Cell]:
     """Every (variant, seed), variant by variant: each variant's seeds finish together."""
     return [Cell(v, seed, out / v.label / f"seed{seed}") for v in variants for seed in seeds]
