@@ -337,6 +337,36 @@ def test_low_var_kl_is_zero_at_the_reference_and_positive_elsewhere():
     assert low_var_kl_penalty(logp, logp - 0.3, mask).item() > 0
 
 
+def test_low_var_kl_by_hand_is_the_k3_estimator_per_sequence_token_mean():
+    """k3(t) = exp(ref - logp) - (ref - logp) - 1, each sequence's token-mean, then the mean over sequences. The
+    zero-and-positive test above passes k3 with ref and logp swapped (also >= 0, also 0 at the reference) and a
+    token-mean over the whole batch; these numbers tell all three apart."""
+    mask = torch.tensor([[True, True], [True, False]])
+    logp = torch.tensor([[-1.0, -2.0], [-1.0, -1e9]], dtype=torch.float64)  # padding garbage must not leak
+    ref = torch.tensor([[-1.5, -2.0], [-0.7, 100.0]], dtype=torch.float64)
+    # row 0: ref - logp = -0.5, 0 -> k3 = e^-0.5 + 0.5 - 1 = 0.1065307, 0 -> token-mean 0.0532653
+    # row 1: ref - logp = 0.3     -> k3 = e^0.3 - 0.3 - 1 = 0.0498588
+    row0 = (math.exp(-0.5) + 0.5 - 1) / 2
+    row1 = math.exp(0.3) - 0.3 - 1
+    assert low_var_kl_penalty(logp, ref, mask).item() == pytest.approx((row0 + row1) / 2, rel=1e-12)
+    # (swapped: (e^0.5 - 1.5) / 2 = 0.0744 for row 0; one token-mean over 3 tokens: 0.0521 against 0.0516)
+    # each call's share of a mini-batch of 4 sequences: sum over its rows / 4
+    assert low_var_kl_penalty(logp, ref, mask, num_global_seqs=4).item() == pytest.approx((row0 + row1) / 4, rel=1e-12)
+    # the gradient of k3 in logp_t is (1 - exp(ref - logp_t)) / L: row 0's first token (1 - e^-0.5) / 2 / 2 rows
+    logp.requires_grad_(True)
+    low_var_kl_penalty(logp, ref, mask).backward()
+    expected = torch.tensor([[(1 - math.exp(-0.5)) / 4, 0.0], [(1 - math.exp(0.3)) / 2, 0.0]], dtype=torch.float64)
+    assert torch.allclose(logp.grad, expected, rtol=1e-12, atol=1e-15)
+
+
+def test_low_var_kl_is_clamped_at_ten_per_token_as_verl_does():
+    # ref - logp = +30 is clamped to 20 first (e^20 - 21 = 4.9e8), then k3 to 10; -30: e^-20 + 19 -> 10 as well
+    mask = torch.ones(2, 1, dtype=torch.bool)
+    logp = torch.tensor([[-40.0], [-1.0]], dtype=torch.float64)
+    ref = torch.tensor([[-10.0], [-31.0]], dtype=torch.float64)
+    assert low_var_kl_penalty(logp, ref, mask).item() == 10.0
+
+
 def test_empty_response_rows_are_rejected():
     logp, mask, old, adv, is_cross = random_batch(seed=0)
     mask[3] = False
