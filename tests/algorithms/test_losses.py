@@ -1,5 +1,6 @@
 import dataclasses
 import math
+import statistics
 
 import pytest
 import torch
@@ -308,7 +309,7 @@ def test_grpo_loss_matches_token_level_reference():
     g = torch.Generator().manual_seed(1)
     old = logp + (torch.rand(logp.shape, generator=g, dtype=torch.float64) - 0.5) * 0.8
     loss, metrics = grpo_policy_loss(logp, mask, old, adv)
-    total, count = 0.0, 0
+    total, count, ratios = 0.0, 0, []
     for r in range(logp.shape[0]):
         for tkn in range(logp.shape[1]):
             if mask[r, tkn]:
@@ -316,8 +317,34 @@ def test_grpo_loss_matches_token_level_reference():
                 a = adv[r].item()
                 total += -min(ratio * a, min(max(ratio, 0.8), 1.28) * a)
                 count += 1
+                ratios.append(ratio)
     assert loss.item() == pytest.approx(total / count, rel=1e-10)
     assert 0.0 < metrics["own_clip_frac_lower"] + metrics["own_clip_frac_upper"] < 1.0
+    # the metrics, each side of the clip on its own (over response tokens only; the metrics are float32)
+    below, above = sum(x < 0.8 for x in ratios), sum(x > 1.28 for x in ratios)
+    assert below > 0 and above > 0  # both sides occur, so a swap of the two shows
+    assert metrics["own_clip_frac_lower"] == pytest.approx(below / count, rel=1e-6)
+    assert metrics["own_clip_frac_upper"] == pytest.approx(above / count, rel=1e-6)
+    assert metrics["own_ratio_mean"] == pytest.approx(sum(ratios) / count, rel=1e-6)
+    assert (metrics["num_tokens"], metrics["num_own"]) == (count, logp.shape[0])
+
+
+def test_gspo_loss_and_metrics_match_the_reference():
+    """GSPO on its own (HACPO's own rows share its code, so HACPO == GSPO alone would pass a GSPO bug in both)."""
+    logp, mask, old, adv, _ = random_batch(seed=8)
+    # a few ratios inside GSPO's narrow band [1 - 3e-4, 1 + 4e-4], the rest spread around 1 on both sides
+    old = torch.where(torch.arange(len(old)) % 4 == 0, (torch.where(mask, logp, 0).sum(-1) / mask.sum(-1)), old)
+    loss, metrics = gspo_policy_loss(logp, mask, old, adv)
+    N = logp.shape[0]
+    per_seq = [ref_seq_loss(logp[r][mask[r]].tolist(), old[r].item(), adv[r].item(), False, 0) for r in range(N)]
+    assert loss.item() == pytest.approx(sum(per_seq) / N, rel=1e-10, abs=1e-12)
+    s = [math.exp(statistics.fmean(logp[r][mask[r]].tolist()) - old[r].item()) for r in range(N)]
+    below, above = sum(x < 1 - 3e-4 for x in s), sum(x > 1 + 4e-4 for x in s)
+    assert below > 0 and above > 0 and below + above < N
+    assert metrics["own_clip_frac_lower"] == pytest.approx(below / N, rel=1e-6)
+    assert metrics["own_clip_frac_upper"] == pytest.approx(above / N, rel=1e-6)
+    assert metrics["own_ratio_mean"] == pytest.approx(statistics.fmean(s), rel=1e-6)
+    assert metrics["num_own"] == N
 
 
 def test_grpo_micro_batches_with_global_token_count():
