@@ -163,6 +163,33 @@ def test_mapping_round_trips_through_tp_shards(kind, hf_shapes, tp):
         assert torch.equal(a, b)
 
 
+def test_each_tp_rank_holds_the_slice_megatrons_layers_compute_with():
+    """What rank r of TP=2 holds, from the HF tensors directly (the round trip above passes any shard/unshard pair that
+    invert each other, such as one giving rank 0 all of the gate and rank 1 all of up). Megatron's layers define it:
+    the gated MLP's fc1 output is chunked in two on each rank (silu(first half) * second half), so a rank holds its
+    own slice of gate and of up; a row-parallel weight is split along its input (columns); the QKV projection along
+    whole query groups; the vocabulary along padded rows."""
+    arch = read_architecture(TEST_CONFIGS["qwen3"])  # 4 query heads, 2 groups, head_dim 32, hidden 16
+    gate, up = torch.randn(24, 16), torch.randn(24, 16)
+    full = to_megatron(Kind.GATED, [gate, up], arch, padded_vocab=0)
+    for r in range(2):
+        mine = slice(12 * r, 12 * (r + 1))
+        assert torch.equal(shard(Kind.GATED, full, r, 2), torch.cat([gate[mine], up[mine]]))
+    down = torch.randn(16, 24)  # [hidden, intermediate]: rank r multiplies its 12 intermediate features
+    for r in range(2):
+        assert torch.equal(shard(Kind.ROW, down, r, 2), down[:, 12 * r:12 * (r + 1)])
+    q, k, v = torch.randn(128, 16), torch.randn(64, 16), torch.randn(64, 16)  # group g: q heads 2g, 2g+1; k, v head g
+    full = to_megatron(Kind.QKV, [q, k, v], arch, padded_vocab=0)
+    for g in range(2):  # rank g: its group's two query heads, then that group's key and value head
+        assert torch.equal(shard(Kind.QKV, full, g, 2), torch.cat([q[64 * g:64 * (g + 1)], k[32 * g:32 * (g + 1)],
+                                                                   v[32 * g:32 * (g + 1)]]))
+    embedding = torch.randn(1000, 16)
+    full = to_megatron(Kind.VOCAB, [embedding], arch, padded_vocab=1024)
+    assert torch.equal(shard(Kind.VOCAB, full, 0, 2), embedding[:512])
+    second = shard(Kind.VOCAB, full, 1, 2)
+    assert torch.equal(second[:488], embedding[512:]) and not second[488:].any()  # 24 padding rows, zero
+
+
 def test_qkv_is_interleaved_per_query_group():
     arch = read_architecture(TEST_CONFIGS["qwen3"])  # 2 query heads per group, head_dim 32
     q, k, v = torch.full((128, 1), 0.0), torch.full((64, 1), 1.0), torch.full((64, 1), 2.0)
