@@ -175,6 +175,13 @@ def test_reward_range_can_be_widened_for_other_reward_functions():
     R = t([[[-1.0, 2.0, 0.5]]])
     A = hacpo_advantages(R, torch.ones(1, 1, dtype=torch.float64), reward_range=None)
     assert torch.isfinite(A).all()
+    # By hand, A = (R - mu) / (sigma + eps) (advantages.py, paper Eq. 2), one agent so omega = [[1]]:
+    # mu = (-1 + 2 + 0.5) / 3 = 0.5 (no guard applies: 0.5 <= max R = 2, and the rewards differ);
+    # sigma, Bessel-corrected: deviations -1.5, 1.5, 0 -> (2.25 + 2.25 + 0) / (3 - 1) = 2.25 -> sigma = 1.5
+    # (the population std would be sqrt(1.5) = 1.22); eps = 1e-6 -> A = [-1.5, 1.5, 0] / 1.500001
+    assert torch.allclose(A, t([[[[-1.5, 1.5, 0.0]]]]) / (1.5 + 1e-6), rtol=1e-12, atol=0)
+    # a range that holds these rewards gives the same advantages as no range at all
+    assert torch.equal(hacpo_advantages(R, torch.ones(1, 1, dtype=torch.float64), reward_range=(-1.0, 2.0)), A)
 
 
 # ---------------------------------------------------------------- step-level composition
