@@ -6,6 +6,7 @@ import sys
 import time
 
 import pytest
+import torch
 
 from hacpo_megatron.config import ConfigError, load_config
 
@@ -121,16 +122,38 @@ def test_all_problems_are_reported_at_once(tmp_path):
     assert "rollout.top_k: unknown key" in str(err.value)
 
 
-@pytest.mark.parametrize("overrides,message", [
-    (["algorithm.name=gspo", "train.mini_batch_size=16"], "must divide the 8 prompts' worth of rows a gspo learner"),
-    (["algorithm.name=gspo_x2", "train.mini_batch_size=16"], None),  # 2G samples: 16 prompts' worth, M = 1
-    (["algorithm.name=gspo", "algorithm.cross_old_logprob=learner"], "applies to algorithms that share rollouts"),
-    (["algorithm.name=naive", "algorithm.cross_old_logprob=source"], None),
+@pytest.mark.parametrize("overrides,message,updates", [
+    (["algorithm.name=gspo", "train.mini_batch_size=16"], "must divide the 8 prompts' worth of rows a gspo learner",
+     None),
+    # M = S * B * G' / (mini_batch_size * G) (docs/algorithm.md), GOOD's B = 8 and default G = 8: GSPO x2 trains on
+    # its own answers only (S = 1) at G' = 2G = 16, so 1 * 8 * 16 = 128 rows, 16 * 8 = 128 an update: M = 1
+    (["algorithm.name=gspo_x2", "train.mini_batch_size=16"], None, 1),
+    (["algorithm.name=gspo", "algorithm.cross_old_logprob=learner"], "applies to algorithms that share rollouts", None),
+    # Naive trains on both agents' answers (S = 2) at G' = G: 2 * 8 * 8 = 128 rows, GOOD's mini 4 * 8 = 32 an
+    # update: M = 4
+    (["algorithm.name=naive", "algorithm.cross_old_logprob=source"], None, 4),
 ])
-def test_updates_per_step_follow_the_algorithm(tmp_path, overrides, message):
+def test_updates_per_step_follow_the_algorithm(tmp_path, overrides, message, updates):
     path = write(tmp_path, GOOD)
-    if message is None:
-        load_config(path, overrides)
+    if message is None:  # imported here: settings.py brings Ray's import, seconds the other tests need not pay
+        from hacpo_megatron.algorithms.registry import algorithm_spec, step_advantages
+        from hacpo_megatron.training.batch import UpdateSchedule
+        from hacpo_megatron.training.settings import run_settings
+
+        cfg = load_config(path, overrides)
+        spec = algorithm_spec(cfg.algorithm)
+        if cfg.algorithm.cross_old_logprob is not None:  # Naive's own default is learner: the key holds
+            assert spec.cross_old_logprob == cfg.algorithm.cross_old_logprob
+        # each learner's schedule as the learner side builds it (training/learner_side.py): G' and rows per update
+        # from the run's settings, the sources from the step's advantages (whose answers the learner trains on)
+        learners = run_settings(cfg, spec, weight_check=False).learners
+        n, B = len(cfg.agents), cfg.data.prompt_batch_size
+        trains_on = step_advantages(torch.zeros(n, B, learners.answers_per_prompt, dtype=torch.float64),
+                                    torch.full((n,), 0.5, dtype=torch.float64), spec).trains_on
+        for k in range(n):
+            schedule = UpdateSchedule(B, learners.answers_per_prompt, tuple(int(j) for j in trains_on[k].nonzero()),
+                                      rows_per_update=learners.rows_per_update)
+            assert schedule.num_updates == updates, (k, schedule)
         return
     with pytest.raises(ConfigError, match=message):
         load_config(path, overrides)
