@@ -290,6 +290,13 @@ def test_ablation_switches_change_the_cross_loss():
     base, _ = hacpo_policy_loss(logp, mask, old, adv, is_cross, update_index=3)
     no_clip, _ = hacpo_policy_loss(logp, mask, old, adv, is_cross, update_index=3, cross_clip=False)
     no_step, m = hacpo_policy_loss(logp, mask, old, adv, is_cross, update_index=3, stepwise_clip=False)
+    # against the float64 reference: at update m = 3 the stepwise bound is min(1, 1 - 0.2 + 3 * 0.025) = 0.875;
+    # without the stepwise schedule it stays at 1 - delta = 0.8, the reference's bound with delta_step 0
+    N = logp.shape[0]
+    rows = [(logp[r][mask[r]].tolist(), old[r].item(), adv[r].item(), bool(is_cross[r])) for r in range(N)]
+    assert no_step.item() == pytest.approx(sum(ref_seq_loss(*row, 3, delta_step=0.0) for row in rows) / N,
+                                           rel=1e-10)
+    assert base.item() == pytest.approx(sum(ref_seq_loss(*row, 3) for row in rows) / N, rel=1e-10)
     s = torch.exp((torch.where(mask, logp, 0).sum(-1) / mask.sum(-1)) - old)
     assert no_clip.item() == pytest.approx((-(s * s * adv)).mean().item(), rel=1e-10)
     assert m["cross_clip_lower_bound"] == pytest.approx(0.8)
