@@ -63,13 +63,26 @@ def test_parquet(tmp_path):
         (json.dumps({"problem": "q", "solution": "long\nworked solution"}) + "\n",
          "line 3: field 'solution' holds a worked"),
         (json.dumps({"question": "q", "answer": "\\boxed{1"}) + "\n", "line 3: field 'answer' has an unclosed"),
+        (json.dumps({**VERL_ROW, "extra_info": [7]}) + "\n", "line 3: 'extra_info' must be an object, got list"),
+        (json.dumps({**VERL_ROW, "prompt": [{"role": "system", "content": "s"}]}) + "\n",
+         "line 3: 'prompt' has no user message"),
     ],
 )
 def test_bad_jsonl_row_names_file_and_line(tmp_path, bad_line, message):
     path = write_jsonl(tmp_path / "bad.jsonl", [VERL_ROW], raw_lines=["\n", bad_line])  # line 2 is blank
     with pytest.raises(DataFormatError, match=message) as error:
         load_prompts(str(path))
-    assert str(path) in str(error.value)
+    assert str(error.value).startswith(f"{path}:line 3: ")  # the file and the line, in the order an editor reads
+
+
+def test_bytes_that_are_not_utf8_name_file_line_and_column(tmp_path):
+    # a Latin-1 "é" (0xe9) in line 2: decoding it leniently would load the row with U+FFFD in its question
+    path = tmp_path / "latin1.jsonl"
+    path.write_bytes(json.dumps(VERL_ROW).encode() + b'\n{"question": "caf\xe9?", "answer": "1"}\n')
+    with pytest.raises(DataFormatError) as error:
+        load_prompts(str(path))
+    # column 18: '{"question": "caf' is 17 characters, the bad byte the 18th
+    assert str(error.value) == f"{path}:line 2: not UTF-8 text (byte 0xe9 at column 18)"
 
 
 def test_bad_parquet_row_names_row_index(tmp_path):
@@ -80,11 +93,18 @@ def test_bad_parquet_row_names_row_index(tmp_path):
 
 
 def test_missing_or_unknown_file(tmp_path):
-    with pytest.raises(DataFormatError, match="no such file"):
+    with pytest.raises(DataFormatError, match="no such file") as error:
         load_prompts(str(tmp_path / "none.jsonl"))
+    assert str(error.value) == f"{tmp_path / 'none.jsonl'}: no such file"
     (tmp_path / "data.csv").write_text("question,answer\n")
-    with pytest.raises(DataFormatError, match="unknown file type '.csv'"):
+    with pytest.raises(DataFormatError, match="unknown file type '.csv'") as error:
         load_prompts(str(tmp_path / "data.csv"))
+    assert str(error.value).startswith(f"{tmp_path / 'data.csv'}: ")
     (tmp_path / "empty.jsonl").write_text("\n")
-    with pytest.raises(DataFormatError, match="no rows"):
+    with pytest.raises(DataFormatError, match="no rows") as error:
         load_prompts(str(tmp_path / "empty.jsonl"))
+    assert str(error.value) == f"{tmp_path / 'empty.jsonl'}: no rows"
+    (tmp_path / "broken.parquet").write_bytes(b"PAR1 not a parquet file")  # a truncated download
+    with pytest.raises(DataFormatError) as error:
+        load_prompts(str(tmp_path / "broken.parquet"))
+    assert str(error.value).startswith(f"{tmp_path / 'broken.parquet'}: cannot read as Parquet: ")
