@@ -68,6 +68,8 @@ def verify_manifest(folder: PathLike) -> int:
         files: Dict[str, Dict] = manifest["files"]
         if manifest.get("format") != MANIFEST_FORMAT or not isinstance(files, dict):
             raise ValueError(f"unknown format {manifest.get('format')!r}")
+        if not files:  # write_manifest lists every file of a step, and a step always has some
+            raise ValueError("it lists no files")
     except FileNotFoundError:
         raise DamagedCheckpoint(path, "missing: the checkpoint cannot be verified (incomplete, or written by an "
                                       "older version)") from None

@@ -56,6 +56,7 @@ def test_a_damaged_file_is_named(tmp_path, damage, reason, damaged):
 
 def test_no_manifest_means_not_verifiable(tmp_path):
     folder = step_folder(tmp_path, 1)
+    manifest = (folder / MANIFEST_FILE).read_text()
     (folder / MANIFEST_FILE).unlink()
     with pytest.raises(DamagedCheckpoint, match="cannot be verified"):
         verify_manifest(folder)
@@ -66,6 +67,10 @@ def test_no_manifest_means_not_verifiable(tmp_path):
     # a manifest of another format (or another program's manifest.json) is not taken as this one
     (folder / MANIFEST_FILE).write_text(json.dumps({"format": "other/1", "files": {}}))
     with pytest.raises(DamagedCheckpoint, match="unknown format 'other/1'"):
+        verify_manifest(folder)
+    # a manifest of the right format listing nothing would pass any folder as intact
+    (folder / MANIFEST_FILE).write_text(json.dumps({"format": json.loads(manifest)["format"], "files": {}}))
+    with pytest.raises(DamagedCheckpoint, match="unreadable manifest .it lists no files"):
         verify_manifest(folder)
 
 
