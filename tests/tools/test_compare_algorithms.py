@@ -192,6 +192,7 @@ def test_mean_ci_small_cases():
     assert mean_ci([]) == Estimate(None, None, 0)
     assert mean_ci([0.4]) == Estimate(0.4, None, 1)
     estimate = mean_ci([0.2, 0.4, 0.9])
+    assert estimate.mean == pytest.approx(0.5, abs=1e-15) and estimate.n == 3  # (0.2 + 0.4 + 0.9) / 3
     assert estimate.half_width == pytest.approx(T_975_2 * np.std([0.2, 0.4, 0.9], ddof=1) / math.sqrt(3), rel=2e-4)
     low, high = estimate.interval
     assert (low, high) == pytest.approx((estimate.mean - estimate.half_width, estimate.mean + estimate.half_width))
