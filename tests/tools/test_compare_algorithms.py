@@ -490,8 +490,8 @@ def test_the_gain_over_the_run_in_standard_errors(tmp_path):
                        f"{0.2 / se:+.1f}"]
     gains = [b - a for a, b in zip(before, after)]  # 0.5, 0, 0.25, 0.05: mean 0.2, sd 0.2254
     paired_se = math.sqrt(sum((g - 0.2) ** 2 for g in gains) / 3) / 2  # / sqrt(4 problems)
-    gain = float(rows[2][5])  # seed 2's accuracies (write_run's) differ from seed 1's; the SE is the scores'
-    assert rows[2][6:] == [f"{paired_se:.3f} (paired)", f"{gain / paired_se:+.1f}"]
+    # the gain is the accuracies' (write_run's: final - (final - 0.2) on every seed), the SE the scores'
+    assert rows[2][5:] == ["+0.200", f"{paired_se:.3f} (paired)", f"{0.2 / paired_se:+.1f}"]
     assert [row[:3] for row in rows] == [["hacpo", agent, "1"] for agent in AGENTS] + [["hacpo", "qwen3-tiny", "2"]]
     text = results_markdown(results, ["hacpo"], None, {}, base_config="cfg.yaml", seeds=[1, 2],
                                  workdir=str(tmp_path))
