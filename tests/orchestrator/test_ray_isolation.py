@@ -76,6 +76,7 @@ def test_shutdown_leaves_no_process_of_the_local_ray(ray_tmp):
     _, alive = psutil.wait_procs(family + [worker], timeout=1)
     assert not [p for p in alive if p.status() != psutil.STATUS_ZOMBIE], [(p.pid, p.name()) for p in alive]
 
+
 @ray.remote(num_cpus=0)
 def _leave_temporary_files():
     """What a vLLM engine leaves where its process is SIGKILLed: a unix socket (its ZMQ ipc endpoint, in
