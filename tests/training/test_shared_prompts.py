@@ -44,10 +44,11 @@ def test_updates_are_the_same(report, variant):
     for p, q in zip(shared["params"], separate["params"]):
         # Adam: an entry whose gradient is ~0 moves by up to lr per update either way, float reassociation
         # deciding which (the shared rows' blocked attention sums in another order than the plain rows'
-        # causal one: up to 0.15 % of a matrix's entries ended over 1e-5 apart, the largest by 2e-4);
+        # causal one: up to 0.15 % of a matrix's entries ended over 1e-5 apart, the largest by 2e-4, on one
+        # machine; 0.92 % on another CPU of the same kind, with the losses and ratios above still in tolerance);
         # a wrong mask or row would move every entry, and the log-prob and loss checks above.
         apart = (p - q).abs()
-        assert (apart > 1e-5).float().mean() < 5e-3 and apart.max() <= 4 * 1e-2
+        assert (apart > 1e-5).float().mean() < 2e-2 and apart.max() <= 4 * 1e-2
     losses = [m["loss"] for m in shared["metrics"]]
     assert len(set(round(x, 7) for x in losses)) > 1
 
