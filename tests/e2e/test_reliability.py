@@ -3,6 +3,7 @@ a damaged checkpoint (user mistakes before the run: tests/test_launch.py)."""
 import json
 import shutil
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -18,11 +19,32 @@ pytestmark = [pytest.mark.slow, pytest.mark.distributed, pytest.mark.xdist_group
 NO_FINAL_CHECKPOINT = ("--set", "checkpoint.save_every=-1")
 
 
-def wait_for(predicate, proc, what, timeout=600, poll=0.2):
+class Output:
+    """A launched run's output, read as it comes: a pipe nobody reads fills at 64 KiB and then holds the run at its
+    next write, and a run that ends before the test expects shows why."""
+
+    def __init__(self, proc):
+        self.proc, self._lines = proc, []
+        self._reader = threading.Thread(target=lambda: self._lines.extend(proc.stdout), daemon=True)
+        self._reader.start()
+
+    def text(self) -> str:
+        return "".join(self._lines)
+
+    def wait(self, timeout: float) -> str:
+        """The whole output, once the run has ended."""
+        self.proc.wait(timeout=timeout)
+        self._reader.join(timeout=30)
+        return self.text()
+
+
+def wait_for(predicate, output: Output, what, timeout=600, poll=0.2):
     deadline = time.time() + timeout
     while not predicate():
-        assert proc.poll() is None, f"the run ended before {what}"
-        assert time.time() < deadline, f"timed out waiting for {what}"
+        if output.proc.poll() is not None:
+            raise AssertionError(f"the run ended (exit {output.proc.returncode}) before {what}:\n"
+                                 f"{output.wait(30)[-8000:]}")
+        assert time.time() < deadline, f"timed out waiting for {what}:\n{output.text()[-8000:]}"
         time.sleep(poll)
 
 
@@ -38,9 +60,10 @@ def test_sigterm_then_a_kill_then_resume_give_the_same_metrics(reference_run, tm
     latest = out / "checkpoints" / "latest"
     proc = launch(config, out)
     try:
-        wait_for(latest.exists, proc, "step 1's checkpoint")
+        running = Output(proc)
+        wait_for(latest.exists, running, "step 1's checkpoint")
         proc.send_signal(signal.SIGTERM)  # to torchrun, which forwards it to every rank
-        output, _ = proc.communicate(timeout=120)
+        output = running.wait(timeout=120)
     finally:
         kill_tree(proc.pid)
     assert proc.returncode != 0, output[-3000:]
@@ -61,7 +84,7 @@ def test_sigterm_then_a_kill_then_resume_give_the_same_metrics(reference_run, tm
 
     proc = launch(config, out, "--resume")
     try:  # step 3's checkpoint is the resumed process's first save: seconds after its metrics, not 0.05
-        wait_for(step_3_logged, proc, "step 3's metrics", poll=0.05)
+        wait_for(step_3_logged, Output(proc), "step 3's metrics", poll=0.05)
     finally:
         kill_tree(proc.pid)  # the whole job, Ray included, as a crash would
     assert latest.read_text().strip() == "step_00000002", "killed too late: step 3 was already saved"
@@ -111,9 +134,10 @@ def test_rollout_one_step_ahead_through_faults_and_a_sigterm_then_resumed(refere
     latest = out / "checkpoints" / "latest"
     proc = launch(config, out, "--save-rollouts", str(saved), faults="kill_engine_at_step=1,kill_reward_at_step=1")
     try:
-        wait_for(latest.exists, proc, "step 1's checkpoint")
+        running = Output(proc)
+        wait_for(latest.exists, running, "step 1's checkpoint")
         proc.send_signal(signal.SIGTERM)
-        output, _ = proc.communicate(timeout=300)
+        output = running.wait(timeout=300)
     finally:
         kill_tree(proc.pid)
     assert "stopped by SIGTERM after step 2" in output, output[-3000:]
