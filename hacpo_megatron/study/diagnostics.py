@@ -1,12 +1,13 @@
 """What a cell's training records say about its clips (issue 49, docs/study.md): whether it is in the paper's
 regime (own rows clipped after the first update, the other agents' right answers let through the cross clip), the
 gate at the first step (the weaker learner's mean ratio s and its first update), and where the other agents'
-answers fell against each learner's cross clip, step by step. Pure functions of metrics.jsonl records."""
+answers fell against each learner's cross clip, step by step; and what each agent's own answers became over the
+run (length, the share cut at the token limit, reward). Pure functions of metrics.jsonl records."""
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 CLIP_COLUMNS = ("below", "inside", "above", "mean_s", "right", "right_inside")
 
@@ -128,3 +129,38 @@ def clip_diagnostics(records: Sequence[Mapping[str, Any]]) -> Dict[str, Dict[int
             "right": float(r.get("cross_positive_frac", math.nan)),
             "right_inside": float(r.get("cross_positive_inside_frac", math.nan))}
     return out
+
+
+@dataclass
+class Answers:
+    """An agent's own answers at the start and at the end of a run: means over its first and its last quarter of
+    training steps (at least one step each). A gain in held-out accuracy that comes with much shorter answers, or
+    far fewer cut at the token limit, is partly a change of form, and a reader comparing variants should see it."""
+    first_steps: Tuple[int, int]  # (first, last) step of the opening quarter
+    last_steps: Tuple[int, int]  # the same of the closing quarter
+    length: Tuple[Optional[float], Optional[float]]  # tokens an answer, opening and closing quarter
+    truncated: Tuple[Optional[float], Optional[float]]  # share that reached the token limit without ending
+    reward: Tuple[Optional[float], Optional[float]]  # mean reward of the agent's own answers
+
+
+def answers_of(records: Sequence[Mapping[str, Any]]) -> Dict[str, Answers]:
+    """{agent: Answers} from a cell's training records (`response_length_mean`, `truncated_frac`, `reward_mean`
+    of its own rollouts, training/step_data.py); agents without rollout figures are left out."""
+    by_agent: Dict[str, Dict[int, Mapping[str, Any]]] = {}
+    for r in records:
+        if r.get("kind") == "train" and isinstance(r.get("step"), int) and "response_length_mean" in r:
+            by_agent.setdefault(r["agent"], {})[r["step"]] = r
+    out = {}
+    for agent, rows in by_agent.items():
+        steps = sorted(rows)
+        quarter = max(1, len(steps) // 4)
+        opening, closing = [rows[s] for s in steps[:quarter]], [rows[s] for s in steps[-quarter:]]
+        out[agent] = Answers((steps[0], steps[quarter - 1]), (steps[-quarter], steps[-1]),
+                             *(_opening_and_closing(opening, closing, key)
+                               for key in ("response_length_mean", "truncated_frac", "reward_mean")))
+    return out
+
+
+def _opening_and_closing(opening: Sequence[Mapping[str, Any]], closing: Sequence[Mapping[str, Any]],
+                         key: str) -> Tuple[Optional[float], Optional[float]]:
+    return _mean([r.get(key, math.nan) for r in opening]), _mean([r.get(key, math.nan) for r in closing])

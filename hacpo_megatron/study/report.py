@@ -1,6 +1,7 @@
 """A study's results: each cell's CellResult (read from its folder) and the tables made of them: held-out
 accuracy per variant and agent (mean ± 95% CI over seeds), paired differences to the baseline and the --compare
-pairs, each cell's gain over its run, the regime, the gate and the cross clip; results.md and accuracy.png."""
+pairs, each cell's gain over its run, the regime, the gate, the cross clip and what the answers became; results.md
+and accuracy.png."""
 from __future__ import annotations
 
 import datetime
@@ -31,8 +32,10 @@ from hacpo_megatron.study.diagnostics import (
     GATE_RIGHT_THROUGH_MIN,
     REGIME_OWN_CLIPPED_MAX,
     REGIME_RIGHT_THROUGH_MIN,
+    Answers,
     Gate,
     Regime,
+    answers_of,
     clip_diagnostics,
     gate_of,
     regime_of,
@@ -61,6 +64,7 @@ class CellResult:
     eval_problems: Optional[int] = None  # held-out problems per evaluation (run_info.json)
     # eval_scores.jsonl: agent -> step -> each held-out problem's score
     problem_scores: Dict[str, Dict[int, List[float]]] = field(default_factory=dict)
+    answers: Dict[str, Answers] = field(default_factory=dict)  # answers_of its records
 
     @property
     def finished(self) -> bool:
@@ -75,7 +79,7 @@ def collect_cell(cell: Cell, outcome: str = "not run") -> CellResult:
     final = final_accuracies(curves) if state.status == FINISHED else {}
     return CellResult(cell, state, agent_names_of(config), final, curves, outcome, clip_diagnostics(records),
                       regime_of(records), gate_of(records), eval_problems_of(cell.folder),
-                      problem_scores_of(cell.folder))
+                      problem_scores_of(cell.folder), answers_of(records))
 
 
 def gain_rows(results: Sequence[CellResult], labels: Sequence[str]) -> List[List[str]]:
@@ -190,6 +194,23 @@ def gate_rows(results: Sequence[CellResult]) -> List[List[str]]:
         through = " / ".join("n/a" if v is None else f"{v:.2f}" for v in gate.through_by_update) or "not logged"
         rows.append([r.cell.variant.label, str(r.cell.seed), weaker, str(gate.step), f"{gate.mean_s:.3f}", through,
                      "**misses**: " + "; ".join(misses) if misses else "passes"])
+    return rows
+
+
+def answer_rows(results: Sequence[CellResult]) -> List[List[str]]:
+    """One row per cell and agent: its own answers' length, share cut at the token limit and reward, opening
+    quarter of the run -> closing quarter."""
+    def change(pair: Tuple[Optional[float], Optional[float]], form: str) -> str:
+        return " → ".join("n/a" if v is None else form.format(v) for v in pair)
+
+    rows = []
+    for r in results:
+        weaker = weaker_agent(r.curves)
+        for agent, answers in r.answers.items():
+            (a, b), (c, d) = answers.first_steps, answers.last_steps
+            rows.append([r.cell.variant.label, str(r.cell.seed), agent + (" (weaker)" if agent == weaker else ""),
+                         f"{a}-{b} → {c}-{d}", change(answers.length, "{:.0f}"),
+                         change(answers.truncated, "{:.2f}"), change(answers.reward, "{:.2f}")])
     return rows
 
 
@@ -343,6 +364,15 @@ def results_markdown(results: Sequence[CellResult], labels: Sequence[str], basel
                 lines += ["", f"### {label}", ""]
                 lines += _markdown_table(["step", "learner", "below", "inside", "above", "mean s", "right",
                                           "right and inside", "seeds"], rows)
+    answers = answer_rows(results)
+    if answers:
+        lines += ["", "## What the answers became", "",
+                  "Per cell and agent, its own training answers over the opening quarter of its steps and over the "
+                  "closing quarter (means of the steps' figures): tokens an answer, the share that reached the token "
+                  "limit without ending, and their mean reward. A held-out gain that comes with much shorter or "
+                  "fewer cut-off answers is partly a change of form.", ""]
+        lines += _markdown_table(["variant", "seed", "agent", "steps", "tokens", "cut at the limit", "reward"],
+                                 answers)
     lines += ["", f"![held-out accuracy over steps, mean over seeds]({PLOT_FILE})", "", "## Cells", ""]
     lines += _markdown_table(["variant", "seed", "state", "this call", "folder"],
                              [[r.cell.variant.label, str(r.cell.seed), cell_status_text(r), r.outcome,

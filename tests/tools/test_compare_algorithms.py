@@ -26,10 +26,18 @@ from hacpo_megatron.study.cells import (
     parse_variant,
     plan_cells,
 )
-from hacpo_megatron.study.diagnostics import clip_diagnostics, gate_of, regime_of, regime_verdict, weaker_agent
+from hacpo_megatron.study.diagnostics import (
+    answers_of,
+    clip_diagnostics,
+    gate_of,
+    regime_of,
+    regime_verdict,
+    weaker_agent,
+)
 from hacpo_megatron.study.report import (
     CellResult,
     accuracy_rows,
+    answer_rows,
     clip_table,
     code_version,
     collect_cell,
@@ -554,6 +562,37 @@ def test_the_gate_reads_the_weaker_learners_first_step_and_names_what_it_misses(
     text = results_markdown(results, ["hacpo"], None, {}, base_config="cfg.yaml", seeds=[1, 2, 3, 4],
                                  workdir=str(tmp_path))
     assert "## The gate at the first step" in text and "| hacpo | 1 | a | 1 | 0.900 | 0.60 / 0.20 | passes |" in text
+
+
+def test_what_the_answers_became_is_the_mean_of_the_opening_and_the_closing_quarter_of_the_steps(tmp_path):
+    """Length, share cut at the limit and reward of an agent's own answers: the mean over the first quarter of its
+    training steps and over the last (at least one step each); eval records and figures a run did not log are left
+    out, not counted as zero."""
+    def train(step, agent, **figures):
+        return {"kind": "train", "step": step, "agent": agent, **figures}
+
+    records = [train(s, "a", response_length_mean=10.0 * s, truncated_frac=s / 10, reward_mean=s / 16)
+               for s in range(8, 0, -1)]  # written in any order
+    records += [train(1, "b", response_length_mean=30.0), train(2, "b", response_length_mean=31.0),
+                train(3, "b", response_length_mean=20.0, truncated_frac=0.5),
+                {"kind": "eval", "step": 8, "agent": "a", "eval/accuracy": 0.9, "response_length_mean": 999.0},
+                train(4, "c")]  # no rollout figures: no row
+    answers = answers_of(records)
+    assert set(answers) == {"a", "b"}
+    a = answers["a"]
+    assert (a.first_steps, a.last_steps) == ((1, 2), (7, 8))
+    assert a.length == pytest.approx((15.0, 75.0)) and a.truncated == pytest.approx((0.15, 0.75))
+    assert a.reward == pytest.approx((0.09375, 0.46875))
+    b = answers["b"]  # 3 steps: a quarter is less than one, so one step each
+    assert (b.first_steps, b.last_steps, b.length) == ((1, 1), (3, 3), (30.0, 20.0))
+    assert b.truncated == (None, 0.5) and b.reward == (None, None)
+    cell = Cell(Variant("hacpo", "cfg.yaml"), 1, tmp_path / "seed1")
+    result = CellResult(cell, CellState(FINISHED), ["a", "b"], {}, {"a": {0: 0.6}, "b": {0: 0.3}}, answers=answers)
+    assert answer_rows([result]) == [
+        ["hacpo", "1", "a", "1-2 → 7-8", "15 → 75", "0.15 → 0.75", "0.09 → 0.47"],
+        ["hacpo", "1", "b (weaker)", "1-1 → 3-3", "30 → 20", "n/a → 0.50", "n/a → n/a"]]
+    text = results_markdown([result], ["hacpo"], None, {}, base_config="cfg.yaml", seeds=[1], workdir=str(tmp_path))
+    assert "## What the answers became" in text and "| hacpo | 1 | b (weaker) | 1-1 → 3-3 | 30 → 20 |" in text
 
 
 def test_the_regime_of_a_run_from_before_the_per_update_figures_is_estimated_from_step_means():
