@@ -103,7 +103,7 @@ def install(plan: FaultPlan) -> None:
 
     Pipeline = rollout_pipeline.RolloutPipeline
     step_of_run, launch, collect, score = loop._hacpo_step, Pipeline._launch, Pipeline._collect, Pipeline._score
-    held_out, wait = loop.held_out_scores, rollout_pipeline.wait_for_generations
+    held_out, wait = loop.held_out_answers, rollout_pipeline.wait_for_generations
     evaluating: dict = {}  # the planned evaluation's agents, until its engine has been killed once
 
     def hacpo_step(run, step):
@@ -127,7 +127,7 @@ def install(plan: FaultPlan) -> None:
             ray.get(self.reward_actor.__ray_call__.remote(_die_in_next_score))
         return score(self, step, prompts, rollouts, times)
 
-    def held_out_scores(settings, agents, eval_set, reward_actor, done):
+    def held_out_answers(settings, agents, eval_set, reward_actor, done):
         if plan.kill_engine_in_eval_at_step == done:
             evaluating["agents"] = agents
         try:
@@ -150,7 +150,7 @@ def install(plan: FaultPlan) -> None:
 
     pipeline_step_rollouts = Pipeline.step_rollouts
     loop._hacpo_step = hacpo_step
-    loop.held_out_scores = held_out_scores
+    loop.held_out_answers = held_out_answers
     rollout_pipeline.wait_for_generations = wait_for_generations
     Pipeline._launch, Pipeline._collect, Pipeline._score = launch_generation, collect_answers, score_answers
     Pipeline.step_rollouts = step_rollouts

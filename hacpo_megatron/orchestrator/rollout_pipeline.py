@@ -4,7 +4,7 @@
     work = pipeline.step_rollouts(step, times)   # every rank: prompts, answers, scores, weight versions
     ... train step `step`, push the new weights ...
     pipeline.sampler_state()                     # what a checkpoint keeps of the sampler (in-flight steps undrawn)
-    held_out_scores(settings, agents, eval_set, reward_actor, done)   # every rank; figures on rank 0
+    held_out_answers(settings, agents, eval_set, reward_actor, done)  # every rank; figures on rank 0
 
 With k = 0 a step's prompts are drawn and answered when the step begins: the synchronous loop, the paper's
 algorithm. With k >= 1 the engines answer steps t+1 .. t+k while the learners train step t
@@ -32,6 +32,7 @@ from hacpo_megatron.orchestrator.actors import call_with_restarts
 from hacpo_megatron.orchestrator.generation_schedule import GenerationSchedule, PhaseClock
 from hacpo_megatron.orchestrator.run_agents import RunAgents
 from hacpo_megatron.orchestrator.weight_delivery import ENGINE_RETRIES, restore_engines
+from hacpo_megatron.reporting import HeldOut
 from hacpo_megatron.rewards import RewardItem
 from hacpo_megatron.rollout.base import EngineWithoutWeights, SamplingParams
 from hacpo_megatron.rollout.replay import load_step
@@ -194,12 +195,13 @@ class ReplayedRollouts:
         return self.sampler.state_dict()
 
 
-def held_out_scores(settings: GenerationSettings, agents: RunAgents, eval_set: list,
-                    reward_actor: Optional[ActorHandle], done: int) -> Dict[str, List[float]]:
-    """Every agent's score on each held-out problem (on rank 0; {} elsewhere): the mean score of its answers to
+def held_out_answers(settings: GenerationSettings, agents: RunAgents, eval_set: list,
+                     reward_actor: Optional[ActorHandle], done: int) -> Dict[str, HeldOut]:
+    """Every agent's answers to each held-out problem (on rank 0; {} elsewhere): the mean score of its answers to
     it (greedy, or k samples with a seed that is the same at every evaluation, so successive evaluations differ by
-    the weights only). Their mean is the held-out accuracy; kept per problem, two evaluations can be compared
-    problem by problem (a paired standard error: study/report.py's gain_rows). Collective: an engine that died
+    the weights only), the share of them cut at the length limit and their tokens. The mean score is the held-out
+    accuracy; kept per problem, two evaluations can be compared problem by problem (a paired standard error:
+    study/report.py's gain_rows). Collective: an engine that died
     (Ray's memory monitor ends actors when the machine passes 95 % of its memory) is given its weights again by
     its ranks and answers again, as in a training step."""
     rank, params = dist.get_rank(), settings.held_out
@@ -228,8 +230,22 @@ def held_out_scores(settings: GenerationSettings, agents: RunAgents, eval_set: l
     per_problem = {}
     for k in range(len(agents.configs)):
         scores, _ = call_with_restarts(reward_actor, "score", reward_items(eval_set, [answers[k]]))
-        per_problem[agents.names[k]] = np.asarray(scores, dtype=np.float64).reshape(len(eval_set), -1).mean(1).tolist()
+        per_problem[agents.names[k]] = held_out_of(answers[k], scores)
     return per_problem
+
+
+def held_out_of(groups: Sequence[Sequence[Any]], scores: Sequence[float]) -> HeldOut:
+    """An agent's answers to the held-out problems (groups[problem][answer], Completions) and their scores (in
+    the same order, flat) -> per problem: mean score, share cut at the length limit, mean tokens."""
+    sizes = {len(group) for group in groups}
+    if len(sizes) != 1 or len(scores) != len(groups) * len(groups[0]):
+        raise ValueError(f"held-out answers: {len(scores)} scores for groups of sizes {sorted(sizes)}")
+
+    def means(values: Sequence[float]) -> List[float]:
+        return np.asarray(values, dtype=np.float64).reshape(len(groups), -1).mean(1).tolist()
+
+    flat = [c for group in groups for c in group]
+    return HeldOut(means(scores), means([c.truncated for c in flat]), means([len(c.token_ids) for c in flat]))
 
 
 def wait_for_generations(handles: Dict[int, Any]):

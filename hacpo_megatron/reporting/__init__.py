@@ -3,7 +3,7 @@
 The training loop (rank 0 only) makes one `RunReporter` and calls
 
     reporter.log_step(step, records)        # one dict per agent, every step
-    reporter.log_eval(step, accuracies)     # {agent: held-out accuracy}, now and then
+    reporter.log_held_out(step, held_out)   # {agent: HeldOut}, each held-out problem's answers, now and then
     reporter.close()                        # curves.png, eval_accuracy.png, summary.md
 
 Files under the run's output folder:
@@ -28,7 +28,7 @@ One module per concern: metrics_file.py (the lines and files), step_records.py (
 """
 from hacpo_megatron.reporting.plots import CURVES_FILE, EVAL_PLOT_FILE, plot_curves, plot_eval_accuracy
 from hacpo_megatron.reporting.metrics_file import (
-    EVAL_ACCURACY, METRICS_FILE, REQUIRED_KEYS, RUN_INFO_FILE, TIME_KEYS, MetricsError, check_step_records,
+    EVAL_ACCURACY, METRICS_FILE, REQUIRED_KEYS, RUN_INFO_FILE, TIME_KEYS, HeldOut, MetricsError, check_step_records,
     read_metrics, read_run_info, truncate_metrics, update_run_info,
 )
 from hacpo_megatron.reporting.reporter import RunReporter, render_run_outputs
@@ -37,9 +37,9 @@ from hacpo_megatron.reporting.summary import SUMMARY_FILE, summarize_agent, summ
 from hacpo_megatron.reporting.trackers import TENSORBOARD_DIR, TRACKERS, tracker_install_problems
 
 __all__ = [
-    "CURVES_FILE", "EVAL_ACCURACY", "EVAL_PLOT_FILE", "METRICS_FILE", "MetricsError", "REQUIRED_KEYS", "RUN_INFO_FILE",
-    "RunMetrics", "RunReporter", "SUMMARY_FILE", "TENSORBOARD_DIR", "TIME_KEYS", "TRACKERS", "check_step_records",
-    "group_metrics", "load_run", "plot_curves", "plot_eval_accuracy", "read_metrics", "read_run_info",
-    "render_run_outputs", "summarize_agent", "summary_markdown", "tracker_install_problems", "truncate_metrics",
-    "update_run_info",
+    "CURVES_FILE", "EVAL_ACCURACY", "EVAL_PLOT_FILE", "HeldOut", "METRICS_FILE", "MetricsError", "REQUIRED_KEYS",
+    "RUN_INFO_FILE", "RunMetrics", "RunReporter", "SUMMARY_FILE", "TENSORBOARD_DIR", "TIME_KEYS", "TRACKERS",
+    "check_step_records", "group_metrics", "load_run", "plot_curves", "plot_eval_accuracy", "read_metrics",
+    "read_run_info", "render_run_outputs", "summarize_agent", "summary_markdown", "tracker_install_problems",
+    "truncate_metrics", "update_run_info",
 ]

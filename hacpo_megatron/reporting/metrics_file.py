@@ -10,15 +10,18 @@ import numbers
 import os
 import sys
 from pathlib import Path
+from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Sequence, Union
 
 PathLike = Union[str, os.PathLike]
 
 METRICS_FILE = "metrics.jsonl"
-EVAL_SCORES_FILE = "eval_scores.jsonl"  # per evaluation and agent: the score of each held-out problem
+EVAL_SCORES_FILE = "eval_scores.jsonl"  # per evaluation and agent: each held-out problem's score, cut share, tokens
 RUN_INFO_FILE = "run_info.json"  # facts about the run as a whole (e.g. prompts used and skipped)
 
 EVAL_ACCURACY = "eval/accuracy"
+EVAL_TRUNCATED = "eval/truncated_frac"  # share of the held-out answers cut at the length limit
+EVAL_LENGTH = "eval/response_length_mean"  # tokens a held-out answer
 TIME_KEYS = ("time/rollout", "time/reward", "time/bridge", "time/logprob", "time/train", "time/weight_sync",
              "time/step")
 REQUIRED_KEYS = (
@@ -32,6 +35,17 @@ RESERVED_KEYS = ("kind", "timestamp")
 
 class MetricsError(ValueError):
     """A record the reporter cannot log (missing key, wrong agent or step, a value that is not a number)."""
+
+
+@dataclass(frozen=True)
+class HeldOut:
+    """One agent's answers to the held-out problems at one evaluation, problem by problem (each the mean over its
+    answers to that problem): the score, whose mean is the held-out accuracy; the share of them cut at the length
+    limit; the tokens an answer. Kept per problem, two evaluations compare problem by problem: whether a problem
+    gained is one whose answers now end within the limit."""
+    scores: Sequence[float]
+    truncated: Sequence[float]
+    tokens: Sequence[float]
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -8,8 +8,8 @@ from typing import Any, Dict, Mapping, Optional, Sequence
 
 from hacpo_megatron.reporting.plots import CURVES_FILE, EVAL_PLOT_FILE, plot_curves, plot_eval_accuracy
 from hacpo_megatron.reporting.metrics_file import (
-    EVAL_ACCURACY, EVAL_SCORES_FILE, METRICS_FILE, MetricsError, PathLike, check_step_records, flatten_record,
-    json_line, read_run_info, truncate_metrics, update_run_info,
+    EVAL_ACCURACY, EVAL_LENGTH, EVAL_SCORES_FILE, EVAL_TRUNCATED, METRICS_FILE, HeldOut, MetricsError, PathLike,
+    check_step_records, flatten_record, json_line, read_run_info, truncate_metrics, update_run_info,
 )
 from hacpo_megatron.reporting.run_metrics import load_run
 from hacpo_megatron.reporting.summary import SUMMARY_FILE, summary_markdown
@@ -108,12 +108,16 @@ class RunReporter:
         if self._bar is not None:
             self._bar.set_postfix_str(self._postfix())
 
-    def log_held_out(self, step: int, scores: Mapping[str, Sequence[float]]) -> None:
-        """Log each agent's score on every held-out problem at `step` (eval_scores.jsonl, for paired comparisons
-        of two evaluations) and their mean, the held-out accuracy (metrics.jsonl and the trackers)."""
-        self.log_eval(step, {agent: sum(s) / len(s) for agent, s in scores.items()})  # checks the agents' names
-        for agent, per_problem in scores.items():
-            self._eval_scores_file.write(json_line({"step": step, "agent": agent, "scores": list(per_problem)}))
+    def log_held_out(self, step: int, held_out: Mapping[str, HeldOut]) -> None:
+        """Log each agent's held-out answers at `step`, problem by problem (eval_scores.jsonl: score, share cut at
+        the length limit, tokens; for paired comparisons of two evaluations), and their means (metrics.jsonl and
+        the trackers: the held-out accuracy, `eval/truncated_frac`, `eval/response_length_mean`)."""
+        self.log_eval(step, {agent: _mean(h.scores) for agent, h in held_out.items()},  # checks the agents' names
+                      {agent: {EVAL_TRUNCATED: _mean(h.truncated), EVAL_LENGTH: _mean(h.tokens)}
+                       for agent, h in held_out.items()})
+        for agent, h in held_out.items():
+            self._eval_scores_file.write(json_line({"step": step, "agent": agent, "scores": list(h.scores),
+                                                    "truncated": list(h.truncated), "tokens": list(h.tokens)}))
         self._eval_scores_file.flush()
 
     def _write(self, flat: Dict[str, Any], agent: str, for_trackers: Dict[str, float]) -> None:
@@ -169,6 +173,10 @@ def _extra_for(agent: str, extra: Optional[Mapping[str, Any]], agent_names: Sequ
     if all(key in agent_names and isinstance(value, Mapping) for key, value in extra.items()):
         return dict(extra.get(agent, {}))  # per-agent extras
     return dict(extra)
+
+
+def _mean(values: Sequence[float]) -> Optional[float]:
+    return sum(values) / len(values) if len(values) else None
 
 
 def _short(value: Optional[float]) -> str:

@@ -141,23 +141,34 @@ class Answers:
     length: Tuple[Optional[float], Optional[float]]  # tokens an answer, opening and closing quarter
     truncated: Tuple[Optional[float], Optional[float]]  # share that reached the token limit without ending
     reward: Tuple[Optional[float], Optional[float]]  # mean reward of the agent's own answers
+    # the held-out answers cut at the limit, first and last evaluation (None: a run from before eval/truncated_frac)
+    held_out_truncated: Tuple[Optional[float], Optional[float]] = (None, None)
 
 
 def answers_of(records: Sequence[Mapping[str, Any]]) -> Dict[str, Answers]:
     """{agent: Answers} from a cell's training records (`response_length_mean`, `truncated_frac`, `reward_mean`
-    of its own rollouts, training/step_data.py); agents without rollout figures are left out."""
+    of its own rollouts, training/step_data.py) and its evaluations (`eval/truncated_frac`); agents without
+    rollout figures are left out."""
     by_agent: Dict[str, Dict[int, Mapping[str, Any]]] = {}
+    held_out: Dict[str, Dict[int, float]] = {}
     for r in records:
-        if r.get("kind") == "train" and isinstance(r.get("step"), int) and "response_length_mean" in r:
+        if not isinstance(r.get("step"), int):
+            continue
+        if r.get("kind") == "train" and "response_length_mean" in r:
             by_agent.setdefault(r["agent"], {})[r["step"]] = r
+        elif r.get("kind") == "eval" and isinstance(r.get("eval/truncated_frac"), (int, float)):
+            held_out.setdefault(r["agent"], {})[r["step"]] = r["eval/truncated_frac"]
     out = {}
     for agent, rows in by_agent.items():
         steps = sorted(rows)
         quarter = max(1, len(steps) // 4)
         opening, closing = [rows[s] for s in steps[:quarter]], [rows[s] for s in steps[-quarter:]]
+        evaluations = held_out.get(agent, {})
         out[agent] = Answers((steps[0], steps[quarter - 1]), (steps[-quarter], steps[-1]),
                              *(_opening_and_closing(opening, closing, key)
-                               for key in ("response_length_mean", "truncated_frac", "reward_mean")))
+                               for key in ("response_length_mean", "truncated_frac", "reward_mean")),
+                             (evaluations[min(evaluations)], evaluations[max(evaluations)]) if evaluations
+                             else (None, None))
     return out
 
 

@@ -199,7 +199,7 @@ def gate_rows(results: Sequence[CellResult]) -> List[List[str]]:
 
 def answer_rows(results: Sequence[CellResult]) -> List[List[str]]:
     """One row per cell and agent: its own answers' length, share cut at the token limit and reward, opening
-    quarter of the run -> closing quarter."""
+    quarter of the run -> closing quarter; its held-out answers cut at the limit, first -> last evaluation."""
     def change(pair: Tuple[Optional[float], Optional[float]], form: str) -> str:
         return " → ".join("n/a" if v is None else form.format(v) for v in pair)
 
@@ -210,7 +210,8 @@ def answer_rows(results: Sequence[CellResult]) -> List[List[str]]:
             (a, b), (c, d) = answers.first_steps, answers.last_steps
             rows.append([r.cell.variant.label, str(r.cell.seed), agent + (" (weaker)" if agent == weaker else ""),
                          f"{a}-{b} → {c}-{d}", change(answers.length, "{:.0f}"),
-                         change(answers.truncated, "{:.2f}"), change(answers.reward, "{:.2f}")])
+                         change(answers.truncated, "{:.2f}"), change(answers.reward, "{:.2f}"),
+                         change(answers.held_out_truncated, "{:.2f}")])
     return rows
 
 
@@ -369,10 +370,11 @@ def results_markdown(results: Sequence[CellResult], labels: Sequence[str], basel
         lines += ["", "## What the answers became", "",
                   "Per cell and agent, its own training answers over the opening quarter of its steps and over the "
                   "closing quarter (means of the steps' figures): tokens an answer, the share that reached the token "
-                  "limit without ending, and their mean reward. A held-out gain that comes with much shorter or "
-                  "fewer cut-off answers is partly a change of form.", ""]
-        lines += _markdown_table(["variant", "seed", "agent", "steps", "tokens", "cut at the limit", "reward"],
-                                 answers)
+                  "limit without ending, and their mean reward; and the share of its held-out answers cut at the "
+                  "limit at the first and the last evaluation (n/a: a run from before `eval/truncated_frac`). A "
+                  "held-out gain that comes with much shorter or fewer cut-off answers is partly a change of form.", ""]
+        lines += _markdown_table(["variant", "seed", "agent", "steps", "tokens", "cut at the limit", "reward",
+                                  "held-out cut at the limit"], answers)
     lines += ["", f"![held-out accuracy over steps, mean over seeds]({PLOT_FILE})", "", "## Cells", ""]
     lines += _markdown_table(["variant", "seed", "state", "this call", "folder"],
                              [[r.cell.variant.label, str(r.cell.seed), cell_status_text(r), r.outcome,

@@ -38,7 +38,7 @@ from hacpo_megatron.data import PromptSampler
 from hacpo_megatron.orchestrator.engine_side import EngineSide, engine_side
 from hacpo_megatron.orchestrator.lifecycle import RunLifecycle
 from hacpo_megatron.orchestrator.preemption import Preempted
-from hacpo_megatron.orchestrator.rollout_pipeline import ReplayedRollouts, RolloutPipeline, held_out_scores
+from hacpo_megatron.orchestrator.rollout_pipeline import ReplayedRollouts, RolloutPipeline, held_out_answers
 from hacpo_megatron.parallel.groups import AgentParallel, init_distributed
 from hacpo_megatron.parallel.layout import required_world_size
 from hacpo_megatron.reporting.step_records import step_records
@@ -126,9 +126,9 @@ def run_hacpo(cfg: Config, options: RunOptions, model_provider: ModelProvider) -
         run = Run(spec, agents, engines, answers, learners, tracker, options, settings)
         reporter = lifecycle.reporting(_reporter(cfg, agents, options, start_step)) if rank == 0 else None
         if start_step == 0 and cfg.data.eval_every and eval_set:
-            scores = held_out_scores(settings.generation, agents, eval_set, reward_actor, done=0)  # collective
+            held_out = held_out_answers(settings.generation, agents, eval_set, reward_actor, done=0)  # collective
             if rank == 0:
-                reporter.log_held_out(0, scores)
+                reporter.log_held_out(0, held_out)
         preemption = lifecycle.watch_signals()
         for step in range(start_step, cfg.run.total_steps):
             records = _hacpo_step(run, step)
@@ -136,9 +136,9 @@ def run_hacpo(cfg: Config, options: RunOptions, model_provider: ModelProvider) -
                 reporter.log_step(step + 1, records)
             done = step + 1
             if cfg.data.eval_every and eval_set and (done % cfg.data.eval_every == 0 or done == cfg.run.total_steps):
-                scores = held_out_scores(settings.generation, agents, eval_set, reward_actor, done)  # collective
+                held_out = held_out_answers(settings.generation, agents, eval_set, reward_actor, done)  # collective
                 if rank == 0:
-                    reporter.log_held_out(done, scores)
+                    reporter.log_held_out(done, held_out)
             stop = preemption.stop_requested()  # collective: a signal to any rank ends the run here
             saved = None  # nothing learnt (learners.trains false), nothing to keep
             if learners.trains and (stop or _checkpoint_due(cfg, done)):

@@ -160,12 +160,19 @@ def test_rollout_only_generates_and_scores_with_no_update(reference_run, tmp_pat
     assert {step for step, _ in evals} == {0, 2}
     assert all(evals[(2, agent)] == evals[(0, agent)] for _, agent in evals)
     problems = json.loads((out / "run_info.json").read_text())["prompts"]["eval"]["used"]
-    scores = {(r["step"], r["agent"]): r["scores"]
-              for r in map(json.loads, (out / "eval_scores.jsonl").read_text().splitlines())}
+    lines = {(r["step"], r["agent"]): r for r in map(json.loads, (out / "eval_scores.jsonl").read_text().splitlines())}
+    scores = {key: line["scores"] for key, line in lines.items()}
     # each problem's score, whose mean is the accuracy, the same problem by problem
     assert scores.keys() == evals.keys()
     assert all(len(s) == problems and sum(s) / problems == pytest.approx(evals[key]) for key, s in scores.items())
     assert all(scores[(2, agent)] == scores[(0, agent)] for _, agent in scores)
+    # and each problem's answers cut at the length limit and their tokens, whose means the eval records carry
+    eval_records = {(r["step"], r["agent"]): r for r in records if r["kind"] == "eval"}
+    for key, line in lines.items():
+        assert len(line["truncated"]) == len(line["tokens"]) == problems
+        assert all(0 <= t <= 1 for t in line["truncated"]) and all(n > 0 for n in line["tokens"])
+        assert eval_records[key]["eval/truncated_frac"] == pytest.approx(sum(line["truncated"]) / problems)
+        assert eval_records[key]["eval/response_length_mean"] == pytest.approx(sum(line["tokens"]) / problems)
     for name in ("qwen3-tiny.json", "llama-tiny.json", "step.json"):
         ours = json.loads((saved / "step_00000001" / name).read_text())
         reference = json.loads((reference_run.parent / "rollouts" / "step_00000001" / name).read_text())

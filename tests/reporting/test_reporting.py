@@ -6,7 +6,7 @@ import math
 import pytest
 
 from hacpo_megatron.reporting import (
-    REQUIRED_KEYS, TIME_KEYS, MetricsError, RunReporter, load_run, read_metrics, summarize_agent,
+    REQUIRED_KEYS, TIME_KEYS, HeldOut, MetricsError, RunReporter, load_run, read_metrics, summarize_agent,
 )
 
 AGENTS = ["qwen3-tiny", "llama-tiny"]
@@ -176,27 +176,36 @@ def test_resume_truncates_steps_from_start_step(tmp_path):
     assert summarize_agent(load_run(tmp_path), "qwen3-tiny").last_eval == (0, pytest.approx(0.10))
 
 
-def test_held_out_scores_per_problem_and_their_mean_and_a_resume_drops_the_redone_ones(tmp_path):
+def test_held_out_answers_per_problem_and_their_means_and_a_resume_drops_the_redone_ones(tmp_path):
+    def held_out(scores, truncated=None, tokens=None):
+        return HeldOut(scores, truncated or [0.0] * len(scores), tokens or [10.0] * len(scores))
+
     def run(start_step, evals):
         reporter = RunReporter(tmp_path, AGENTS, total_steps=STEPS, trackers=(), plots=False, progress_bar=False,
                                start_step=start_step)
-        for step, scores in evals.items():
-            reporter.log_held_out(step, scores)
+        for step, answers in evals.items():
+            reporter.log_held_out(step, answers)
         reporter.close()
 
-    run(0, {0: {"qwen3-tiny": [0.0, 0.25, 1.0, 0.75], "llama-tiny": [0.5, 0.0, 0.0, 0.0]},
-            4: {"qwen3-tiny": [1.0, 1.0, 1.0, 1.0], "llama-tiny": [0.0, 0.0, 0.0, 0.0]}})
-    run(4, {5: {"qwen3-tiny": [0.5, 0.5, 0.5, 0.5], "llama-tiny": [1.0, 0.0, 1.0, 0.0]}})  # resumed at step 4
-    accuracy = {(r["step"], r["agent"]): r["eval/accuracy"] for r in read_metrics(tmp_path / "metrics.jsonl")}
-    assert accuracy == {(0, "qwen3-tiny"): 0.5, (0, "llama-tiny"): 0.125, (5, "qwen3-tiny"): 0.5,
-                        (5, "llama-tiny"): 0.5}
+    run(0, {0: {"qwen3-tiny": held_out([0.0, 0.25, 1.0, 0.75], [1.0, 0.5, 0.0, 0.0], [96.0, 60.0, 20.0, 24.0]),
+                "llama-tiny": held_out([0.5, 0.0, 0.0, 0.0])},
+            4: {"qwen3-tiny": held_out([1.0, 1.0, 1.0, 1.0]), "llama-tiny": held_out([0.0, 0.0, 0.0, 0.0])}})
+    run(4, {5: {"qwen3-tiny": held_out([0.5] * 4), "llama-tiny": held_out([1.0, 0.0, 1.0, 0.0], [0.0, 0.0, 0.0, 1.0])}})
+    evals = {(r["step"], r["agent"]): r for r in read_metrics(tmp_path / "metrics.jsonl") if r["kind"] == "eval"}
+    assert {key: r["eval/accuracy"] for key, r in evals.items()} == {
+        (0, "qwen3-tiny"): 0.5, (0, "llama-tiny"): 0.125, (5, "qwen3-tiny"): 0.5, (5, "llama-tiny"): 0.5}
+    assert evals[(0, "qwen3-tiny")]["eval/truncated_frac"] == pytest.approx(0.375)
+    assert evals[(0, "qwen3-tiny")]["eval/response_length_mean"] == pytest.approx(50.0)
+    assert evals[(5, "llama-tiny")]["eval/truncated_frac"] == pytest.approx(0.25)  # each agent its own
+    assert evals[(5, "qwen3-tiny")]["eval/truncated_frac"] == 0.0
     kept = [json.loads(line) for line in (tmp_path / "eval_scores.jsonl").read_text().splitlines()]
     assert [(r["step"], r["agent"], r["scores"]) for r in kept] == [
         (0, "qwen3-tiny", [0.0, 0.25, 1.0, 0.75]), (0, "llama-tiny", [0.5, 0.0, 0.0, 0.0]),
         (5, "qwen3-tiny", [0.5] * 4), (5, "llama-tiny", [1.0, 0.0, 1.0, 0.0])]
+    assert (kept[0]["truncated"], kept[0]["tokens"]) == ([1.0, 0.5, 0.0, 0.0], [96.0, 60.0, 20.0, 24.0])
     with pytest.raises(MetricsError, match="unknown agent"):
         RunReporter(tmp_path / "other", AGENTS, total_steps=1, trackers=(), plots=False,
-                    progress_bar=False).log_held_out(0, {"gemma": [1.0]})
+                    progress_bar=False).log_held_out(0, {"gemma": held_out([1.0])})
     assert not (tmp_path / "other" / "eval_scores.jsonl").read_text()  # nothing written for a wrong name
 
 

@@ -567,7 +567,7 @@ def test_the_gate_reads_the_weaker_learners_first_step_and_names_what_it_misses(
 def test_what_the_answers_became_is_the_mean_of_the_opening_and_the_closing_quarter_of_the_steps(tmp_path):
     """Length, share cut at the limit and reward of an agent's own answers: the mean over the first quarter of its
     training steps and over the last (at least one step each); eval records and figures a run did not log are left
-    out, not counted as zero."""
+    out, not counted as zero. The held-out answers cut at the limit: the first evaluation's and the last's."""
     def train(step, agent, **figures):
         return {"kind": "train", "step": step, "agent": agent, **figures}
 
@@ -575,7 +575,10 @@ def test_what_the_answers_became_is_the_mean_of_the_opening_and_the_closing_quar
                for s in range(8, 0, -1)]  # written in any order
     records += [train(1, "b", response_length_mean=30.0), train(2, "b", response_length_mean=31.0),
                 train(3, "b", response_length_mean=20.0, truncated_frac=0.5),
-                {"kind": "eval", "step": 8, "agent": "a", "eval/accuracy": 0.9, "response_length_mean": 999.0},
+                {"kind": "eval", "step": 8, "agent": "a", "eval/accuracy": 0.9, "response_length_mean": 999.0,
+                 "eval/truncated_frac": 0.1},
+                {"kind": "eval", "step": 0, "agent": "a", "eval/accuracy": 0.2, "eval/truncated_frac": 0.3},
+                {"kind": "eval", "step": 4, "agent": "a", "eval/accuracy": 0.5, "eval/truncated_frac": 0.2},
                 train(4, "c")]  # no rollout figures: no row
     answers = answers_of(records)
     assert set(answers) == {"a", "b"}
@@ -583,14 +586,15 @@ def test_what_the_answers_became_is_the_mean_of_the_opening_and_the_closing_quar
     assert (a.first_steps, a.last_steps) == ((1, 2), (7, 8))
     assert a.length == pytest.approx((15.0, 75.0)) and a.truncated == pytest.approx((0.15, 0.75))
     assert a.reward == pytest.approx((0.09375, 0.46875))
+    assert a.held_out_truncated == (0.3, 0.1)  # the first and the last evaluation, not the order of the lines
     b = answers["b"]  # 3 steps: a quarter is less than one, so one step each
     assert (b.first_steps, b.last_steps, b.length) == ((1, 1), (3, 3), (30.0, 20.0))
-    assert b.truncated == (None, 0.5) and b.reward == (None, None)
+    assert b.truncated == (None, 0.5) and b.reward == (None, None) and b.held_out_truncated == (None, None)
     cell = Cell(Variant("hacpo", "cfg.yaml"), 1, tmp_path / "seed1")
     result = CellResult(cell, CellState(FINISHED), ["a", "b"], {}, {"a": {0: 0.6}, "b": {0: 0.3}}, answers=answers)
     assert answer_rows([result]) == [
-        ["hacpo", "1", "a", "1-2 → 7-8", "15 → 75", "0.15 → 0.75", "0.09 → 0.47"],
-        ["hacpo", "1", "b (weaker)", "1-1 → 3-3", "30 → 20", "n/a → 0.50", "n/a → n/a"]]
+        ["hacpo", "1", "a", "1-2 → 7-8", "15 → 75", "0.15 → 0.75", "0.09 → 0.47", "0.30 → 0.10"],
+        ["hacpo", "1", "b (weaker)", "1-1 → 3-3", "30 → 20", "n/a → 0.50", "n/a → n/a", "n/a → n/a"]]
     text = results_markdown([result], ["hacpo"], None, {}, base_config="cfg.yaml", seeds=[1], workdir=str(tmp_path))
     assert "## What the answers became" in text and "| hacpo | 1 | b (weaker) | 1-1 → 3-3 | 30 → 20 |" in text
 
