@@ -56,7 +56,11 @@ def _verl_prompt_and_answer(row: Dict[str, Any]):
     messages = _chat_messages(row["prompt"])
     reward_model = row.get("reward_model")
     if not isinstance(reward_model, dict) or reward_model.get("ground_truth") is None:
-        raise DataFormatError("verl row needs 'reward_model': {'ground_truth': ...}")
+        plain = [name for name in ANSWER_FIELDS if name in row]
+        hint = f" (for a plain row with {plain[0]!r}, name its prompt 'question')" if plain else ""
+        raise DataFormatError(
+            f"verl row needs 'reward_model': {{'ground_truth': ...}}; row has keys {sorted(row)}{hint}"
+        )
     return messages, answer_from_field(reward_model["ground_truth"], "reward_model.ground_truth")
 
 

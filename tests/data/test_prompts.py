@@ -55,7 +55,11 @@ def test_parquet(tmp_path):
     [
         ("{not json\n", "line 3: invalid JSON"),
         ("[1, 2]\n", "line 3: expected a JSON object"),
-        (json.dumps({"prompt": "q", "reward_model": {}}) + "\n", "line 3: verl row needs 'reward_model'"),
+        (json.dumps({"prompt": "q", "reward_model": {}}) + "\n",
+         "line 3: verl row needs 'reward_model'.*; row has keys \\['prompt', 'reward_model'\\]$"),
+        (json.dumps({"prompt": "q", "answer": "1"}) + "\n",  # a common hand-written form: say what would read it
+         "line 3: verl row needs .*row has keys \\['answer', 'prompt'\\] \\(for a plain row with 'answer', name its "
+         "prompt 'question'\\)"),
         (json.dumps({"prompt": [{"role": "user"}], "reward_model": {"ground_truth": "1"}}) + "\n",
          "line 3: 'prompt'\\[0\\]"),
         (json.dumps({"question": "q"}) + "\n", "line 3: no answer"),
