@@ -421,7 +421,10 @@ def _validate_agent(agent: AgentConfig, path: Path, where: _Where, errors: List[
     given_as = "init_from" if agent.model == agent.init_from else "model"  # `model` defaults to the init_from folder
     try:
         shape = shape_of(load_arch(agent.model))
-    except (ValueError, KeyError, OSError) as exc:
+    except KeyError as exc:  # a folder's config.json without a key every supported architecture has
+        errors.append(f"{where(path + (given_as,))}: {os.path.join(agent.model, 'config.json')} has no {exc}")
+        return
+    except (ValueError, OSError) as exc:
         errors.append(f"{where(path + (given_as,))}: {exc}")
         return
     for key, problem in presets.layout_problems(shape, p.tensor, p.pipeline, agent.model, dp=p.data, ep=p.expert,

@@ -107,7 +107,10 @@ def load_hf_config_dict(model: str) -> Dict[str, Any]:
     path = os.path.join(model, "config.json")
     if os.path.isfile(path):
         with open(path) as f:
-            return json.load(f)
+            try:
+                return json.load(f)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{path}:{exc.lineno}:{exc.colno}: not valid JSON ({exc.msg})") from None
     raise ValueError(
         f"{model!r} is neither a built-in preset ({', '.join(sorted(PRESETS))}) nor a folder with config.json"
     )

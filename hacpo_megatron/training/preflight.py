@@ -144,4 +144,29 @@ def _tokenizer_problems(cfg: Config) -> List[str]:
             _attempt(problems, f"agents.{k} ({agent.name}).prompt_format",
                      lambda name=name, agent=agent: check_can_render(load_tokenizer(name, agent.prompt_format),
                                                                      parse_prompt_format(agent.prompt_format), name))
+        if len(problems) == found:  # and are its ids rows of the model's embedding?
+            _attempt(problems, f"agents.{k} ({agent.name}).tokenizer",
+                     lambda name=name, agent=agent: _check_fits_model(load_tokenizer(name, agent.prompt_format), name,
+                                                                      agent.model))
     return problems
+
+
+def _check_fits_model(tokenizer, name: str, model: str) -> None:
+    """ValueError when the tokenizer can give an id the model has no embedding row for: a tokenizer of another
+    family (the run would stop in the first forward pass, or on a GPU in a device-side assert). Counted: its
+    vocabulary, its end and pad tokens, and the tokens its prompt format writes. Not `len(tokenizer)`: Llama 3.2's
+    has an added token past the model's 128256 rows that a run never writes."""
+    from hacpo_megatron.bridge.retokenize import render_prompt
+    from hacpo_megatron.bridge.tokenizers import eos_token_ids
+    from hacpo_megatron.models.presets import load_hf_config_dict
+
+    rows = load_hf_config_dict(model).get("vocab_size")
+    if rows is None:  # a config without it: the model builder names the problem
+        return
+    used = {tokenizer.vocab_size - 1, tokenizer.pad_token_id, *eos_token_ids(tokenizer),
+            *render_prompt(tokenizer, [{"role": "user", "content": "What is 1 + 1?"}])}
+    if tokenizer.bos_token_id is not None:
+        used.add(tokenizer.bos_token_id)
+    if max(used) >= rows:
+        raise ValueError(f"{name!r} writes token ids up to {max(used)}, but the model ({model}) has {rows} embedding "
+                         "rows (vocab_size): give the agent its model's own tokenizer")

@@ -367,6 +367,20 @@ def test_a_missing_gguf_file_names_the_file_line_and_key(tmp_path):
     assert f"{path}:7: agents.1.init_from: /nowhere/model.Q4.gguf: no such GGUF file" in str(err.value)
 
 
+@pytest.mark.parametrize("text, problem", [
+    ('{"model_type": "llama",\n "hidden_size": 64\n', "config.json:3:1: not valid JSON (Expecting ',' delimiter)"),
+    ('{"model_type": "llama", "hidden_size": 64}', "config.json has no 'num_attention_heads'"),
+])
+def test_a_model_folders_broken_config_json_is_named_with_the_file(tmp_path, text, problem):
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text(text)
+    path = write(tmp_path, GOOD.replace("    model: tiny-llama", f"    model: {folder}"))
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert f"{path}:7: agents.1.model: {folder / problem}" in str(err.value)
+
+
 def test_a_prompt_format_is_checked_where_it_is_written(tmp_path):
     shots = tmp_path / "shots.txt"
     shots.write_text("Question: What is 2 + 2?\nAnswer: 2 + 2 = 4. The answer is 4.\n", encoding="utf-8")

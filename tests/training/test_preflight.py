@@ -47,6 +47,17 @@ def test_tokenizers_are_checked_once_the_files_are_fine(tmp_path):
         "agents.0 (a).tokenizer: unknown tokenizer '/no/tokenizer'")
 
 
+def test_a_tokenizer_with_ids_past_the_models_embedding_is_named(tmp_path):
+    # Qwen3's ids (up to 151645 with its chat tokens) in tiny-llama's 128256 rows: the first forward pass would fail
+    with pytest.raises(InputError) as error:
+        check_inputs(config("agents.1.tokenizer=qwen3"), output_dir=str(tmp_path), resume=False)
+    assert error.value.problems == ["agents.1 (b).tokenizer: 'qwen3' writes token ids up to 151645, but the model "
+                                    "(tiny-llama) has 128256 embedding rows (vocab_size): give the agent its model's "
+                                    "own tokenizer"]
+    # the other way round fits (Llama 3.2's 128257th token, never written, is not counted)
+    check_inputs(config("agents.0.tokenizer=llama3.2"), output_dir=str(tmp_path), resume=False)
+
+
 def test_a_folder_without_weights_is_not_a_model(tmp_path):
     (tmp_path / "m").mkdir()
     (tmp_path / "m" / "config.json").write_text('{"architectures": ["LlamaForCausalLM"]}')
