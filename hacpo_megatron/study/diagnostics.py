@@ -144,6 +144,15 @@ class Answers:
     # the held-out answers cut at the limit, first and last evaluation (None: a run from before eval/truncated_frac)
     held_out_truncated: Tuple[Optional[float], Optional[float]] = (None, None)
 
+    @property
+    def finished_reward(self) -> Tuple[Optional[float], Optional[float]]:
+        """The mean reward of the answers that ended, r / (1 - cut), opening and closing quarter, taking a cut answer
+        to score 0 (it can score: rewards/answers.py reads its last closed box or last line; where cut answers do, the
+        true figure starts lower and, as the cut share falls, rises more). It splits a reward gain into fewer cut
+        answers and right-er finished ones."""
+        return tuple(None if r is None or c is None or c >= 1 else r / (1 - c)  # type: ignore[return-value]
+                     for r, c in zip(self.reward, self.truncated))
+
 
 def answers_of(records: Sequence[Mapping[str, Any]]) -> Dict[str, Answers]:
     """{agent: Answers} from a cell's training records (`response_length_mean`, `truncated_frac`, `reward_mean`

@@ -211,7 +211,7 @@ def answer_rows(results: Sequence[CellResult]) -> List[List[str]]:
             rows.append([r.cell.variant.label, str(r.cell.seed), agent + (" (weaker)" if agent == weaker else ""),
                          f"{a}-{b} → {c}-{d}", change(answers.length, "{:.0f}"),
                          change(answers.truncated, "{:.2f}"), change(answers.reward, "{:.2f}"),
-                         change(answers.held_out_truncated, "{:.2f}")])
+                         change(answers.finished_reward, "{:.2f}"), change(answers.held_out_truncated, "{:.2f}")])
     return rows
 
 
@@ -370,11 +370,13 @@ def results_markdown(results: Sequence[CellResult], labels: Sequence[str], basel
         lines += ["", "## What the answers became", "",
                   "Per cell and agent, its own training answers over the opening quarter of its steps and over the "
                   "closing quarter (means of the steps' figures): tokens an answer, the share that reached the token "
-                  "limit without ending, and their mean reward; and the share of its held-out answers cut at the "
-                  "limit at the first and the last evaluation (n/a: a run from before `eval/truncated_frac`). A "
-                  "held-out gain that comes with much shorter or fewer cut-off answers is partly a change of form.", ""]
+                  "limit without ending, their mean reward, and the reward of those that ended (reward / (1 − cut), "
+                  "taking a cut answer to score 0); and the share of its held-out answers cut at the limit at the "
+                  "first and the last evaluation (n/a: a run from before `eval/truncated_frac`). A held-out gain "
+                  "that comes with much shorter or fewer cut-off answers is partly a change of form; the reward of "
+                  "the finished answers tells how much of a reward gain is not.", ""]
         lines += _markdown_table(["variant", "seed", "agent", "steps", "tokens", "cut at the limit", "reward",
-                                  "held-out cut at the limit"], answers)
+                                  "reward of the finished", "held-out cut at the limit"], answers)
     lines += ["", f"![held-out accuracy over steps, mean over seeds]({PLOT_FILE})", "", "## Cells", ""]
     lines += _markdown_table(["variant", "seed", "state", "this call", "folder"],
                              [[r.cell.variant.label, str(r.cell.seed), cell_status_text(r), r.outcome,

@@ -27,6 +27,7 @@ from hacpo_megatron.study.cells import (
     plan_cells,
 )
 from hacpo_megatron.study.diagnostics import (
+    Answers,
     answers_of,
     clip_diagnostics,
     gate_of,
@@ -587,14 +588,17 @@ def test_what_the_answers_became_is_the_mean_of_the_opening_and_the_closing_quar
     assert a.length == pytest.approx((15.0, 75.0)) and a.truncated == pytest.approx((0.15, 0.75))
     assert a.reward == pytest.approx((0.09375, 0.46875))
     assert a.held_out_truncated == (0.3, 0.1)  # the first and the last evaluation, not the order of the lines
+    assert a.finished_reward == pytest.approx((0.09375 / 0.85, 0.46875 / 0.25))  # reward / (1 - cut)
     b = answers["b"]  # 3 steps: a quarter is less than one, so one step each
     assert (b.first_steps, b.last_steps, b.length) == ((1, 1), (3, 3), (30.0, 20.0))
     assert b.truncated == (None, 0.5) and b.reward == (None, None) and b.held_out_truncated == (None, None)
+    assert b.finished_reward == (None, None)  # no reward logged: not a reward of 0
+    assert Answers((1, 1), (2, 2), (9.0, 9.0), (1.0, 0.5), (0.0, 0.25)).finished_reward == (None, 0.5)  # all cut
     cell = Cell(Variant("hacpo", "cfg.yaml"), 1, tmp_path / "seed1")
     result = CellResult(cell, CellState(FINISHED), ["a", "b"], {}, {"a": {0: 0.6}, "b": {0: 0.3}}, answers=answers)
     assert answer_rows([result]) == [
-        ["hacpo", "1", "a", "1-2 → 7-8", "15 → 75", "0.15 → 0.75", "0.09 → 0.47", "0.30 → 0.10"],
-        ["hacpo", "1", "b (weaker)", "1-1 → 3-3", "30 → 20", "n/a → 0.50", "n/a → n/a", "n/a → n/a"]]
+        ["hacpo", "1", "a", "1-2 → 7-8", "15 → 75", "0.15 → 0.75", "0.09 → 0.47", "0.11 → 1.88", "0.30 → 0.10"],
+        ["hacpo", "1", "b (weaker)", "1-1 → 3-3", "30 → 20", "n/a → 0.50", "n/a → n/a", "n/a → n/a", "n/a → n/a"]]
     text = results_markdown([result], ["hacpo"], None, {}, base_config="cfg.yaml", seeds=[1], workdir=str(tmp_path))
     assert "## What the answers became" in text and "| hacpo | 1 | b (weaker) | 1-1 → 3-3 | 30 → 20 |" in text
 
