@@ -1,8 +1,9 @@
 """What a cell's training records say about its clips (issue 49, docs/study.md): whether it is in the paper's
 regime (own rows clipped after the first update, the other agents' right answers let through the cross clip), the
 gate at the first step (the weaker learner's mean ratio s and its first update), and where the other agents'
-answers fell against each learner's cross clip, step by step; and what each agent's own answers became over the
-run (length, the share cut at the token limit, reward). Pure functions of metrics.jsonl records."""
+answers fell against each learner's cross clip, step by step; what each agent's own answers became over the
+run (length, the share cut at the token limit, reward); and where the weaker agent's held-out gain lies. Pure
+functions of metrics.jsonl records and eval_scores.jsonl scores."""
 from __future__ import annotations
 
 import math
@@ -184,3 +185,41 @@ def answers_of(records: Sequence[Mapping[str, Any]]) -> Dict[str, Answers]:
 def _opening_and_closing(opening: Sequence[Mapping[str, Any]], closing: Sequence[Mapping[str, Any]],
                          key: str) -> Tuple[Optional[float], Optional[float]]:
     return _mean([r.get(key, math.nan) for r in opening]), _mean([r.get(key, math.nan) for r in closing])
+
+
+# The weaker agent's held-out problems, split by what the agents answered at the first evaluation: those another
+# agent got right and it did not are where answers crossing from that agent can teach it something its own cannot.
+STRATA = ("another right, it wrong", "all wrong", "it right")
+RIGHT_SCORE = 0.5  # a problem's score (mean over its sampled answers) from which it counts as answered right
+
+
+@dataclass
+class Stratum:
+    problems: int
+    first: Optional[float]  # the weaker agent's mean score on them at the first evaluation
+    last: Optional[float]  # and at the last
+
+
+def strata_of(problem_scores: Mapping[str, Mapping[int, Sequence[float]]],
+              weaker: Optional[str]) -> Optional[Tuple[Tuple[int, int], Dict[str, Stratum]]]:
+    """((first, last) evaluation step, {stratum: Stratum}) of `weaker`'s held-out problems (STRATA), from a cell's
+    eval_scores.jsonl (agent -> step -> each problem's score); None without a weaker agent, or without every agent's
+    scores at the weaker's first evaluation. A held-out gain that lies in the first stratum is the other agents'
+    knowledge reaching the weaker; one spread over all three, or in the second, is not (a larger step gives that)."""
+    own = problem_scores.get(weaker or "", {})
+    if len(own) < 1 or len(problem_scores) < 2:
+        return None
+    first, last = min(own), max(own)
+    others = [scores.get(first) for agent, scores in problem_scores.items() if agent != weaker]
+    if any(s is None or len(s) != len(own[first]) for s in others):
+        return None
+    groups: Dict[str, List[int]] = {name: [] for name in STRATA}
+    for i, score in enumerate(own[first]):
+        if score >= RIGHT_SCORE:
+            groups["it right"].append(i)
+        elif any(other[i] >= RIGHT_SCORE for other in others):
+            groups["another right, it wrong"].append(i)
+        else:
+            groups["all wrong"].append(i)
+    return (first, last), {name: Stratum(len(idx), _mean([own[first][i] for i in idx]),
+                                         _mean([own[last][i] for i in idx])) for name, idx in groups.items()}

@@ -32,6 +32,8 @@ from hacpo_megatron.study.diagnostics import (
     GATE_RIGHT_THROUGH_MIN,
     REGIME_OWN_CLIPPED_MAX,
     REGIME_RIGHT_THROUGH_MIN,
+    RIGHT_SCORE,
+    STRATA,
     Answers,
     Gate,
     Regime,
@@ -40,6 +42,7 @@ from hacpo_megatron.study.diagnostics import (
     gate_of,
     regime_of,
     regime_verdict,
+    strata_of,
     weaker_agent,
 )
 from hacpo_megatron.study.stats import Estimate, mean_ci
@@ -215,6 +218,22 @@ def answer_rows(results: Sequence[CellResult]) -> List[List[str]]:
     return rows
 
 
+def strata_rows(results: Sequence[CellResult]) -> List[List[str]]:
+    """One row per cell with per-problem scores at two evaluations or more: its weaker agent's held-out score on each
+    of STRATA, first evaluation -> last, with the stratum's number of problems."""
+    rows = []
+    for r in results:
+        weaker = weaker_agent(r.curves)
+        found = strata_of(r.problem_scores, weaker)
+        if found is None or found[0][0] == found[0][1]:
+            continue
+        (first, last), strata = found
+        rows.append([r.cell.variant.label, str(r.cell.seed), str(weaker), f"{first} → {last}"]
+                    + [f"{s.first:.2f} → {s.last:.2f} ({s.problems})" if s.problems else "none"
+                       for s in (strata[name] for name in STRATA)])
+    return rows
+
+
 def clip_table(results: Sequence[CellResult], label: str) -> List[List[str]]:
     """Rows (step, agent, then CLIP_COLUMNS as means over the variant's cells that logged that step, n cells)."""
     rows = []
@@ -377,6 +396,16 @@ def results_markdown(results: Sequence[CellResult], labels: Sequence[str], basel
                   "the finished answers tells how much of a reward gain is not.", ""]
         lines += _markdown_table(["variant", "seed", "agent", "steps", "tokens", "cut at the limit", "reward",
                                   "reward of the finished", "held-out cut at the limit"], answers)
+    strata = strata_rows(results)
+    if strata:
+        lines += ["", "## Where the weaker agent's held-out gain lies", "",
+                  "Per cell, its weaker agent's held-out problems split by what the agents answered at the first "
+                  f"evaluation (right: a score of at least {RIGHT_SCORE}): those another agent got right and it did "
+                  "not, those every agent got wrong, those it got right; its mean score on each, first evaluation → "
+                  "last (problems in brackets). The first is where the other agents' answers can teach it what its "
+                  "own cannot; a gain there beyond a baseline's is their knowledge crossing, one in the second is "
+                  "not.", ""]
+        lines += _markdown_table(["variant", "seed", "weaker agent", "evaluations"] + list(STRATA), strata)
     lines += ["", f"![held-out accuracy over steps, mean over seeds]({PLOT_FILE})", "", "## Cells", ""]
     lines += _markdown_table(["variant", "seed", "state", "this call", "folder"],
                              [[r.cell.variant.label, str(r.cell.seed), cell_status_text(r), r.outcome,

@@ -27,12 +27,14 @@ from hacpo_megatron.study.cells import (
     plan_cells,
 )
 from hacpo_megatron.study.diagnostics import (
+    STRATA,
     Answers,
     answers_of,
     clip_diagnostics,
     gate_of,
     regime_of,
     regime_verdict,
+    strata_of,
     weaker_agent,
 )
 from hacpo_megatron.study.report import (
@@ -46,6 +48,7 @@ from hacpo_megatron.study.report import (
     gate_rows,
     paired_rows,
     results_markdown,
+    strata_rows,
 )
 from hacpo_megatron.study.runner import PREEMPTED_EXIT_CODE, resolve_config, run_launcher
 from hacpo_megatron.study.stats import Estimate, mean_ci, t_quantile_975
@@ -601,6 +604,33 @@ def test_what_the_answers_became_is_the_mean_of_the_opening_and_the_closing_quar
         ["hacpo", "1", "b (weaker)", "1-1 → 3-3", "30 → 20", "n/a → 0.50", "n/a → n/a", "n/a → n/a", "n/a → n/a"]]
     text = results_markdown([result], ["hacpo"], None, {}, base_config="cfg.yaml", seeds=[1], workdir=str(tmp_path))
     assert "## What the answers became" in text and "| hacpo | 1 | b (weaker) | 1-1 → 3-3 | 30 → 20 |" in text
+
+
+def test_the_weaker_agents_held_out_problems_are_split_by_what_the_agents_answered_first(tmp_path):
+    """Strata at the weaker agent's first evaluation: another agent right and it wrong, all wrong, it right (a score
+    of at least 0.5 is right: avg@k scores are fractions); its mean score on each at the first and the last
+    evaluation, whatever order the evaluations were written in."""
+    scores = {"w": {16: [1.0, 1.0, 0.0, 0.0, 0.5, 0.0], 0: [0.0, 0.25, 0.0, 1.0, 0.5, 0.0], 8: [0.0] * 6},
+              "s": {0: [1.0, 0.5, 0.0, 0.0, 0.0, 0.25], 16: [0.0] * 6}}
+    (steps, strata) = strata_of(scores, "w")
+    assert steps == (0, 16) and list(strata) == list(STRATA)
+    mixed, wrong, right = (strata[name] for name in STRATA)
+    assert (mixed.problems, mixed.first, mixed.last) == (2, pytest.approx(0.125), 1.0)  # problems 0 and 1
+    assert (wrong.problems, wrong.first, wrong.last) == (2, 0.0, 0.0)  # 2 and 5 (0.25 < 0.5 for the other)
+    assert (right.problems, right.first, right.last) == (2, 0.75, 0.25)  # 3 and 4
+    assert strata_of(scores, None) is None  # no weaker agent
+    assert strata_of({"w": scores["w"], "s": {16: [0.0] * 6}}, "w") is None  # the other not scored at step 0
+    assert strata_of({"w": scores["w"], "s": {0: [0.0] * 5}}, "w") is None  # another set of problems
+    cell = Cell(Variant("hacpo", "cfg.yaml"), 2, tmp_path / "seed2")
+    result = CellResult(cell, CellState(FINISHED), ["w", "s"], {}, {"w": {0: 0.3, 16: 0.4}, "s": {0: 0.5, 16: 0.6}},
+                        problem_scores=scores)
+    assert strata_rows([result]) == [["hacpo", "2", "w", "0 → 16", "0.12 → 1.00 (2)", "0.00 → 0.00 (2)",
+                                      "0.75 → 0.25 (2)"]]
+    one_evaluation = CellResult(cell, CellState(FINISHED), ["w", "s"], {}, {"w": {0: 0.3}, "s": {0: 0.5}},
+                                problem_scores={"w": {0: [0.0]}, "s": {0: [1.0]}})
+    assert strata_rows([one_evaluation]) == []  # nothing to compare yet
+    text = results_markdown([result], ["hacpo"], None, {}, base_config="cfg.yaml", seeds=[2], workdir=str(tmp_path))
+    assert "## Where the weaker agent's held-out gain lies" in text and "| hacpo | 2 | w | 0 → 16 |" in text
 
 
 def test_the_regime_of_a_run_from_before_the_per_update_figures_is_estimated_from_step_means():
