@@ -9,8 +9,8 @@ import math
 import numbers
 import os
 import sys
-from pathlib import Path
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Dict, List, Mapping, Sequence, Union
 
 PathLike = Union[str, os.PathLike]
