@@ -204,8 +204,9 @@ def strata_of(problem_scores: Mapping[str, Mapping[int, Sequence[float]]],
               weaker: Optional[str]) -> Optional[Tuple[Tuple[int, int], Dict[str, Stratum]]]:
     """((first, last) evaluation step, {stratum: Stratum}) of `weaker`'s held-out problems (STRATA), from a cell's
     eval_scores.jsonl (agent -> step -> each problem's score); None without a weaker agent, or without every agent's
-    scores at the weaker's first evaluation. A held-out gain that lies in the first stratum is the other agents'
-    knowledge reaching the weaker; one spread over all three, or in the second, is not (a larger step gives that)."""
+    scores at the weaker's first evaluation. Every variant starts from the same models, so the strata are the same
+    problems in every cell: a lead over a baseline in the first is the other agents' knowledge reaching the weaker,
+    one in the second is not (no agent's answers held it)."""
     own = problem_scores.get(weaker or "", {})
     if len(own) < 1 or len(problem_scores) < 2:
         return None
