@@ -37,6 +37,7 @@ from hacpo_megatron.study.diagnostics import (
     Answers,
     Gate,
     Regime,
+    Stratum,
     answers_of,
     clip_diagnostics,
     gate_of,
@@ -234,6 +235,29 @@ def strata_rows(results: Sequence[CellResult]) -> List[List[str]]:
     return rows
 
 
+def strata_difference_rows(results: Sequence[CellResult], label: str, other: str) -> List[Row]:
+    """Per stratum (Row.agent holds its name): the weaker agent's last score on it under `label` - under `other`,
+    seed by seed, over the seeds where both cells finished with the same strata (the same first evaluation and
+    stratum sizes: the same problems), with the 95% CI of the mean difference (paired t)."""
+    def strata_by_seed(of: str) -> Dict[int, Tuple[int, Dict[str, Stratum]]]:
+        found = {}
+        for r in results:
+            strata = strata_of(r.problem_scores, weaker_agent(r.curves)) if r.finished else None
+            if r.cell.variant.label == of and strata is not None:
+                found[r.cell.seed] = (strata[0][0], strata[1])
+        return found
+
+    mine, theirs = strata_by_seed(label), strata_by_seed(other)
+    same = [seed for seed in mine if seed in theirs and mine[seed][0] == theirs[seed][0]
+            and all(mine[seed][1][n].problems == theirs[seed][1][n].problems for n in STRATA)]
+    rows = []
+    for name in STRATA:
+        per_seed = tuple((seed, mine[seed][1][name].last - theirs[seed][1][name].last) for seed in sorted(same)
+                         if mine[seed][1][name].problems)
+        rows.append(Row(label, name, mean_ci([d for _, d in per_seed]), per_seed))
+    return rows
+
+
 def clip_table(results: Sequence[CellResult], label: str) -> List[List[str]]:
     """Rows (step, agent, then CLIP_COLUMNS as means over the variant's cells that logged that step, n cells)."""
     rows = []
@@ -295,15 +319,14 @@ def code_version(folder: str) -> str:
     return f"commit {head.stdout.strip()[:12]}" + (" with uncommitted changes" if changed else "")
 
 
-def _difference_table(rows: Sequence[Tuple[str, Row]]) -> List[str]:
-    """A table of paired differences, each row (what it was paired against, its Row)."""
+def _difference_table(rows: Sequence[Tuple[str, Row]], of: str = "agent") -> List[str]:
+    """A table of paired differences, each row (what it was paired against, its Row); `of`: what Row.agent holds."""
     table = []
     for other, row in rows:
         mean, interval = _estimate_text(row.estimate, signed=True)
         table.append([f"{row.label} - {other}", row.agent, mean, interval, str(row.estimate.n),
                       _per_seed_text(row.per_seed, signed=True)])
-    return _markdown_table(["comparison", "agent", "difference (mean ± 95% CI)", "95% CI", "pairs", "per seed"],
-                           table)
+    return _markdown_table(["comparison", of, "difference (mean ± 95% CI)", "95% CI", "pairs", "per seed"], table)
 
 
 def results_markdown(results: Sequence[CellResult], labels: Sequence[str], baseline: Optional[str],
@@ -406,6 +429,14 @@ def results_markdown(results: Sequence[CellResult], labels: Sequence[str], basel
                   "own cannot; a gain there beyond a baseline's is their knowledge crossing, one in the second is "
                   "not.", ""]
         lines += _markdown_table(["variant", "seed", "weaker agent", "evaluations"] + list(STRATA), strata)
+        pairs = ([(label, baseline) for label in labels if baseline and label != baseline] + list(comparisons))
+        differences = [(other, row) for label, other in pairs for row in strata_difference_rows(results, label, other)
+                       if row.per_seed]
+        if differences:
+            lines += ["", "The weaker agent's last score on each group, A - B on the same seed (the baseline and "
+                      "--compare pairs), over the seeds where both finished; 95% CI of the mean difference "
+                      "(paired t).", ""]
+            lines += _difference_table(differences, of="problems")
     lines += ["", f"![held-out accuracy over steps, mean over seeds]({PLOT_FILE})", "", "## Cells", ""]
     lines += _markdown_table(["variant", "seed", "state", "this call", "folder"],
                              [[r.cell.variant.label, str(r.cell.seed), cell_status_text(r), r.outcome,

@@ -48,6 +48,7 @@ from hacpo_megatron.study.report import (
     gate_rows,
     paired_rows,
     results_markdown,
+    strata_difference_rows,
     strata_rows,
 )
 from hacpo_megatron.study.runner import PREEMPTED_EXIT_CODE, resolve_config, run_launcher
@@ -631,6 +632,29 @@ def test_the_weaker_agents_held_out_problems_are_split_by_what_the_agents_answer
     assert strata_rows([one_evaluation]) == []  # nothing to compare yet
     text = results_markdown([result], ["hacpo"], None, {}, base_config="cfg.yaml", seeds=[2], workdir=str(tmp_path))
     assert "## Where the weaker agent's held-out gain lies" in text and "| hacpo | 2 | w | 0 → 16 |" in text
+
+
+def test_variants_are_paired_by_seed_on_each_group_of_problems(tmp_path):
+    """A - B in the weaker agent's last score on each group, seed by seed, only where both cells finished on the
+    same groups of problems (a seed whose groups differ, or a cell not finished, is left out)."""
+    def result(label, seed, last, first_other=(1.0, 0.0, 0.0), state=FINISHED):
+        scores = {"w": {0: [0.0, 0.0, 1.0], 8: list(last)}, "s": {0: list(first_other)}}
+        return CellResult(Cell(Variant(label, "cfg.yaml"), seed, tmp_path / f"{label}{seed}"), CellState(state),
+                          ["w", "s"], {}, {"w": {0: 0.3, 8: 0.5}, "s": {0: 0.6}}, problem_scores=scores)
+
+    results = [result("a", 1, (1.0, 0.0, 1.0)), result("b", 1, (0.0, 0.0, 1.0)),
+               result("a", 2, (1.0, 1.0, 0.0)), result("b", 2, (0.0, 0.0, 1.0)),
+               result("a", 3, (1.0, 1.0, 1.0)), result("b", 3, (0.0, 0.0, 0.0), first_other=(1.0, 1.0, 0.0)),
+               result("a", 4, (1.0, 1.0, 1.0)), result("b", 4, (0.0, 0.0, 0.0), state="running")]
+    rows = {row.agent: row for row in strata_difference_rows(results, "a", "b")}
+    assert list(rows) == list(STRATA)
+    assert rows["another right, it wrong"].per_seed == ((1, 1.0), (2, 1.0))  # seed 3: other groups; 4 unfinished
+    assert rows["all wrong"].per_seed == ((1, 0.0), (2, 1.0))
+    assert rows["it right"].per_seed == ((1, 0.0), (2, -1.0))
+    assert rows["all wrong"].estimate.mean == pytest.approx(0.5) and rows["all wrong"].estimate.n == 2
+    text = results_markdown(results, ["a", "b"], "b", {}, base_config="cfg.yaml", seeds=[1, 2, 3, 4],
+                            workdir=str(tmp_path))
+    assert "| a - b | another right, it wrong | +1.000 " in text
 
 
 def test_the_regime_of_a_run_from_before_the_per_update_figures_is_estimated_from_step_means():
