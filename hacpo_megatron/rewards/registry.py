@@ -29,6 +29,12 @@ def load_reward_function(dotted_path: str) -> Callable[..., float]:
         raise RewardFunctionError(
             f"reward function {dotted_path!r}: cannot import module {module_name!r}: {exc}"
         ) from exc
+    except Exception as exc:  # the user's module itself fails: a SyntaxError (file, line), or raises at import
+        where = f" ({exc.filename}, line {exc.lineno})" if isinstance(exc, SyntaxError) else ""
+        raise RewardFunctionError(
+            f"reward function {dotted_path!r}: importing module {module_name!r} raised "
+            f"{type(exc).__name__}{where}: {exc.msg if isinstance(exc, SyntaxError) else exc}"
+        ) from exc
     if not hasattr(module, attribute):
         raise RewardFunctionError(
             f"reward function {dotted_path!r}: module {module_name!r} has no attribute {attribute!r}"

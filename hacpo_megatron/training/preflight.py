@@ -58,9 +58,12 @@ def _attempt(problems: List[str], where: str, check) -> None:
 def _file_problems(cfg: Config, output_dir: str, resume: bool) -> List[str]:
     from hacpo_megatron.data import load_prompts
     from hacpo_megatron.reporting.trackers import tracker_install_problems
+    from hacpo_megatron.rewards import load_reward_function
 
     problems: List[str] = []
     _attempt(problems, "data.train", lambda: load_prompts(cfg.data.train, "train"))
+    if cfg.run.mode != "train_only":  # the reward actor imports it in its workers; a module that cannot, stops here
+        _attempt(problems, "reward.function", lambda: load_reward_function(cfg.reward.function))
     if cfg.data.eval:
         _attempt(problems, "data.eval", lambda: load_prompts(cfg.data.eval, "eval"))
     if cfg.train.sft_warmup_steps > 0 and cfg.train.sft_warmup_task:

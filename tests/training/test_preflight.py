@@ -58,6 +58,13 @@ def test_a_tokenizer_with_ids_past_the_models_embedding_is_named(tmp_path):
     check_inputs(config("agents.0.tokenizer=llama3.2"), output_dir=str(tmp_path), resume=False)
 
 
+def test_a_reward_function_that_does_not_import_is_named_before_any_work(tmp_path):
+    with pytest.raises(InputError) as error:
+        check_inputs(config("reward.function=no_such_package.rewards.score"), output_dir=str(tmp_path), resume=False)
+    assert error.value.problems == ["reward.function: reward function 'no_such_package.rewards.score': cannot import "
+                                    "module 'no_such_package.rewards': No module named 'no_such_package'"]
+
+
 def test_a_folder_without_weights_is_not_a_model(tmp_path):
     (tmp_path / "m").mkdir()
     (tmp_path / "m" / "config.json").write_text('{"architectures": ["LlamaForCausalLM"]}')
