@@ -335,7 +335,8 @@ def _validate(cfg: Config, where: _Where, errors: List[str]) -> None:
            "use auto, sdpa or local here")
     _check(t.cpu_threads is None or t.cpu_threads >= 1, errors, where, ("train", "cpu_threads"), "must be >= 1 or null")
     _check(t.lr > 0, errors, where, ("train", "lr"), f"must be > 0, got {t.lr}")
-    _check(0 <= t.min_lr <= t.lr, errors, where, ("train", "min_lr"), "must be in [0, lr]")
+    _check(0 <= t.min_lr <= t.lr or t.lr <= 0, errors, where, ("train", "min_lr"),  # a bad lr is named once, above
+           f"must be in [0, lr] = [0, {t.lr}], got {t.min_lr}")
     _check(t.sft_warmup_batch_size >= 1 and t.sft_warmup_lr > 0, errors, where, ("train", "sft_warmup_lr"),
            "sft_warmup_batch_size must be >= 1 and sft_warmup_lr > 0")
     _check(t.sft_warmup_stop_accuracy is None or 0 < t.sft_warmup_stop_accuracy <= 1, errors, where,

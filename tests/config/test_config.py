@@ -209,6 +209,7 @@ def test_updates_per_step_follow_the_algorithm(tmp_path, overrides, message, upd
         ("train.attention=flex", "flex trains only on a GPU"),  # these machines have none
         ("run.device=cpu", None),
         ("run.device=cuda", "run.device: cuda, but this machine has no GPU"),  # nor this one
+        ("train.min_lr=1", "train.min_lr: must be in [0, lr] = [0, "),
     ],
 )
 def test_out_of_range_values_are_rejected(tmp_path, override, message):
@@ -379,6 +380,12 @@ def test_a_model_folders_broken_config_json_is_named_with_the_file(tmp_path, tex
     with pytest.raises(ConfigError) as err:
         load_config(path)
     assert f"{path}:7: agents.1.model: {folder / problem}" in str(err.value)
+
+
+def test_a_bad_learning_rate_is_named_once_not_again_through_min_lr(tmp_path):
+    with pytest.raises(ConfigError) as err:
+        load_config(write(tmp_path, GOOD), ["train.lr=-1"])
+    assert str(err.value).startswith("invalid config (1 problem):") and "train.lr: must be > 0" in str(err.value)
 
 
 def test_a_prompt_format_is_checked_where_it_is_written(tmp_path):
