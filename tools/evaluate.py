@@ -347,6 +347,13 @@ def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -
         parse_prompt_format(args.prompt_format)
     except PromptFormatError as error:
         parser.error(f"--prompt-format {error}")
+    if args.reward_function:  # imported now, not after generating every answer
+        from hacpo_megatron.rewards import RewardFunctionError, load_reward_function
+
+        try:
+            load_reward_function(args.reward_function)
+        except RewardFunctionError as error:
+            parser.error(f"--reward-function: {error}")
 
 
 def evaluate(args: argparse.Namespace) -> Dict[str, Any]:

@@ -179,6 +179,17 @@ def test_bad_input_exits_2_naming_it(evaluate_tool, random_model_dir, tmp_path, 
     assert not (tmp_path / "x.json").exists()
 
 
+def test_a_reward_function_that_does_not_import_stops_before_the_model_loads(evaluate_tool, tmp_path, capsys):
+    # --checkpoint names nothing: were the reward function loaded after generating (as it was), that error would come
+    # first; it must be the reward function's, before any model or answer
+    with pytest.raises(SystemExit) as stop:
+        evaluate_tool.main(["--checkpoint", str(tmp_path / "ghost"), "--benchmark", "synthetic:largest",
+                            "--reward-function", "no_such_package.rewards.score"])
+    assert stop.value.code == 2
+    assert "--reward-function: reward function 'no_such_package.rewards.score': cannot import module" in (
+        capsys.readouterr().err)
+
+
 @pytest.mark.slow
 @pytest.mark.distributed
 def test_megatron_checkpoint_is_converted_and_scored(seven_model_dir, tmp_path):
