@@ -422,11 +422,9 @@ def _validate_agent(agent: AgentConfig, path: Path, where: _Where, errors: List[
     given_as = "init_from" if agent.model == agent.init_from else "model"  # `model` defaults to the init_from folder
     try:
         shape = shape_of(load_arch(agent.model))
-    except KeyError as exc:  # a folder's config.json without a key every supported architecture has
-        errors.append(f"{where(path + (given_as,))}: {os.path.join(agent.model, 'config.json')} has no {exc}")
-        return
-    except (ValueError, OSError) as exc:
-        errors.append(f"{where(path + (given_as,))}: {exc}")
+    except (ValueError, KeyError, OSError) as exc:  # KeyError: a config.json without a key every architecture has
+        missing = f"{os.path.join(agent.model, 'config.json')} has no {exc}" if isinstance(exc, KeyError) else exc
+        errors.append(f"{where(path + (given_as,))}: {missing}")
         return
     for key, problem in presets.layout_problems(shape, p.tensor, p.pipeline, agent.model, dp=p.data, ep=p.expert,
                                                 etp=p.expert_tensor).items():

@@ -1,7 +1,7 @@
 """A study's results: each cell's CellResult (read from its folder) and the tables made of them: held-out
 accuracy per variant and agent (mean ± 95% CI over seeds), paired differences to the baseline and the --compare
 pairs, each cell's gain over its run, the regime, the gate, the cross clip and what the answers became; results.md
-and accuracy.png."""
+(accuracy.png: plots.py)."""
 from __future__ import annotations
 
 import datetime
@@ -9,7 +9,6 @@ import math
 import statistics
 import subprocess
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from hacpo_megatron.study.cells import (
@@ -319,6 +318,11 @@ def code_version(folder: str) -> str:
     return f"commit {head.stdout.strip()[:12]}" + (" with uncommitted changes" if changed else "")
 
 
+def _section(title: str, rows: Sequence[Sequence[str]], header: Sequence[str], intro: str) -> List[str]:
+    """A results.md section: its title, what its table says, the table; nothing where there are no rows."""
+    return ["", f"## {title}", "", intro, ""] + _markdown_table(header, rows) if rows else []
+
+
 def _difference_table(rows: Sequence[Tuple[str, Row]], of: str = "agent") -> List[str]:
     """A table of paired differences, each row (what it was paired against, its Row); `of`: what Row.agent holds."""
     table = []
@@ -407,28 +411,25 @@ def results_markdown(results: Sequence[CellResult], labels: Sequence[str], basel
                 lines += ["", f"### {label}", ""]
                 lines += _markdown_table(["step", "learner", "below", "inside", "above", "mean s", "right",
                                           "right and inside", "seeds"], rows)
-    answers = answer_rows(results)
-    if answers:
-        lines += ["", "## What the answers became", "",
-                  "Per cell and agent, its own training answers over the opening quarter of its steps and over the "
+    lines += _section("What the answers became", answer_rows(results), ["variant", "seed", "agent", "steps", "tokens",
+                      "cut at the limit", "reward", "reward of the finished", "held-out cut at the limit"],
+                      "Per cell and agent, its own training answers over the opening quarter of its steps and over the "
                   "closing quarter (means of the steps' figures): tokens an answer, the share that reached the token "
                   "limit without ending, their mean reward, and the reward of those that ended (reward / (1 − cut), "
                   "taking a cut answer to score 0); and the share of its held-out answers cut at the limit at the "
                   "first and the last evaluation (n/a: a run from before `eval/truncated_frac`). A held-out gain "
                   "that comes with much shorter or fewer cut-off answers is partly a change of form; the reward of "
-                  "the finished answers tells how much of a reward gain is not.", ""]
-        lines += _markdown_table(["variant", "seed", "agent", "steps", "tokens", "cut at the limit", "reward",
-                                  "reward of the finished", "held-out cut at the limit"], answers)
+                  "the finished answers tells how much of a reward gain is not.")
     strata = strata_rows(results)
-    if strata:
-        lines += ["", "## Where the weaker agent's held-out gain lies", "",
-                  "Per cell, its weaker agent's held-out problems split by what the agents answered at the first "
+    lines += _section("Where the weaker agent's held-out gain lies", strata,
+                      ["variant", "seed", "weaker agent", "evaluations"] + list(STRATA),
+                      "Per cell, its weaker agent's held-out problems split by what the agents answered at the first "
                   f"evaluation (right: a score of at least {RIGHT_SCORE}): those another agent got right and it did "
                   "not, those every agent got wrong, those it got right; its mean score on each, first evaluation → "
                   "last (problems in brackets). The first is where the other agents' answers can teach it what its "
                   "own cannot; a gain there beyond a baseline's is their knowledge crossing, one in the second is "
-                  "not.", ""]
-        lines += _markdown_table(["variant", "seed", "weaker agent", "evaluations"] + list(STRATA), strata)
+                  "not.")
+    if strata:
         pairs = ([(label, baseline) for label in labels if baseline and label != baseline] + list(comparisons))
         differences = [(other, row) for label, other in pairs for row in strata_difference_rows(results, label, other)
                        if row.per_seed]
@@ -455,55 +456,3 @@ def results_markdown(results: Sequence[CellResult], labels: Sequence[str], basel
     lines += ["```"]
     return "\n".join(lines) + "\n"
 
-
-# ----------------------------------------------------------------------------------------------------------
-# Plot
-# ----------------------------------------------------------------------------------------------------------
-def mean_curve(curves: Sequence[Mapping[int, float]]) -> Tuple[List[int], List[float], List[Optional[float]]]:
-    """Steps, the mean over runs at each step, and the 95% CI half-width there (None below two runs)."""
-    steps = sorted({step for curve in curves for step in curve})
-    estimates = [mean_ci([curve[step] for curve in curves if step in curve]) for step in steps]
-    return steps, [e.mean for e in estimates], [e.half_width for e in estimates]
-
-
-def plot_accuracy(results: Sequence[CellResult], labels: Sequence[str], baseline: Optional[str], path: Path) -> None:
-    """accuracy.png: one panel per agent, one line per variant (the mean over its finished seeds, with its 95%
-    CI shaded); the baseline dashed. Matplotlib's Agg canvas: no display needed."""
-    from matplotlib import colormaps
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-    from matplotlib.ticker import MaxNLocator
-
-    agents: List[str] = []
-    for label in labels:
-        agents += [a for a in variant_agents(results, label) if a not in agents]
-    panels = max(1, len(agents))
-    figure = Figure(figsize=(5.5 * panels, 4.2), layout="constrained")
-    FigureCanvasAgg(figure)
-    grid = figure.subplots(1, panels, squeeze=False)[0]
-    palette = colormaps["tab10"]
-    for axes, agent in zip(grid, agents or ["(no runs yet)"]):
-        axes.set_title(f"held-out accuracy: {agent}")
-        axes.set_xlabel("step")
-        axes.set_ylabel("accuracy")
-        axes.grid(alpha=0.3)
-        axes.xaxis.set_major_locator(MaxNLocator(integer=True))
-        for i, label in enumerate(labels):
-            curves = [r.curves[agent] for r in results
-                      if r.cell.variant.label == label and r.finished and agent in r.curves]
-            if not curves:
-                continue
-            steps, means, halves = mean_curve(curves)
-            color = palette(i % 10)
-            axes.plot(steps, means, color=color, marker="o", linewidth=1.6,
-                      linestyle="--" if label == baseline else "-", label=f"{label} (n={len(curves)})")
-            if any(h is not None for h in halves):
-                low = [m - (h or 0.0) for m, h in zip(means, halves)]
-                high = [m + (h or 0.0) for m, h in zip(means, halves)]
-                axes.fill_between(steps, low, high, color=color, alpha=0.15, linewidth=0)
-        if axes.lines:
-            axes.legend(fontsize="small")
-        else:
-            axes.text(0.5, 0.5, "no finished run", ha="center", va="center", transform=axes.transAxes, color="gray")
-    figure.suptitle("Held-out accuracy, mean over seeds (shaded: 95% CI)")
-    figure.savefig(path, dpi=110)

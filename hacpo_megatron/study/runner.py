@@ -26,7 +26,8 @@ from hacpo_megatron.study.cells import (
     plan_cells,
     read_run_config,
 )
-from hacpo_megatron.study.report import PLOT_FILE, collect_cell, plot_accuracy, results_markdown
+from hacpo_megatron.study.plots import plot_accuracy
+from hacpo_megatron.study.report import PLOT_FILE, collect_cell, results_markdown
 
 EXIT_OK, EXIT_INCOMPLETE, EXIT_BAD_INPUT = 0, 1, 2
 # What the training entry returns after a preemption (PREEMPTED_EXIT_CODE in orchestrator/preemption.py,
