@@ -1,6 +1,7 @@
 """Validation of agents that share an initialisation: agents[].same_init_as and agents[].sft_warmup_gain_beyond.
 
-Called by the loader with its `where` (a key path -> "file:line: key" for the message); returns the problems found.
+Called by config/checks.py with the loader's `where` (a key path -> "file:line: key" for the message); returns the
+problems found.
 """
 from __future__ import annotations
 

@@ -104,7 +104,7 @@ def _read_json(path: Path, what: str) -> Dict[str, Any]:
 
 def _saved(completion: Completion) -> dict:
     """A completion as saved: its engine routes (MoE routing replay r3, a tensor) are not (run.mode train_only trains
-    with r2 or none, config/loader.py)."""
+    with r2 or none, config/checks.py)."""
     fields = asdict(completion)
     fields.pop("routes", None)
     return fields
