@@ -19,6 +19,11 @@ environment) and left running. A local Ray (no `--ray-address`) is private to th
   objects) is `<RAY_TMPDIR|TMPDIR|/tmp>/hacpo-ray-XXXXXXXX/ray`, inside a folder only this user can
   enter (Ray makes its own folders world-writable; the 0700 parent keeps others out). The folder and
   Ray's logs stay after the run, like Ray's own /tmp/ray/session_* folders.
+* **Its workers' temporary files in it.** The actors' TMPDIR is `hacpo-ray-XXXXXXXX/tmp`, removed when the
+  run stops its Ray: what they make there (vLLM's ZMQ sockets between an engine and its engine core and its
+  `vllm_dist_*` files, the folders wandb makes when megatron-core imports it) would stay in /tmp otherwise, as
+  the workers are SIGKILLed at the end, and the sockets sit behind the 0700 folder while the run lasts.
+  torch's compile cache stays where it was, shared between runs.
 * **Loopback.** Its processes bind and advertise 127.0.0.1; no dashboard. Rank 0 stops it at the end.
 * **Outlives a preemption signal.** torchrun forwards SIGTERM to each rank's whole process group, and
   Ray's own processes (GCS, raylet, ...) are in rank 0's. They are started with SIGTERM blocked (the
@@ -31,6 +36,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import shutil
 import signal
 import tempfile
 from dataclasses import dataclass, field
@@ -46,6 +52,7 @@ from hacpo_megatron.orchestrator.shared_memory import shared_memory_files, unlin
 
 NAMESPACE = "hacpo"
 TOKEN_FILE = "auth_token"
+WORKER_TMP = "tmp"  # the TMPDIR of a local Ray's workers, inside the run's private folder (module docstring)
 # Longest path Ray puts under its temp dir: a unix socket, whose path the kernel limits to 107 bytes.
 _SOCKET_TAIL = "/ray/session_2026-01-01_00-00-00_000000_4194304/sockets/plasma_store"
 _UNIX_PATH_MAX = 107
@@ -147,13 +154,14 @@ class RayRuntime:
         token = secrets.token_hex(32)  # what `ray get-auth-token --generate` makes: 256 random bits
         token_file = os.path.join(private_dir, TOKEN_FILE)
         _write_private(token_file, token)
+        os.mkdir(os.path.join(private_dir, WORKER_TMP), 0o700)
         saved = _set_ray_env({**_local_env(), "RAY_AUTH_TOKEN": token})
         try:
             with signal_blocked(signal.SIGTERM):  # Ray's processes inherit the mask: see the module docstring
                 ray.init(address="local", num_cpus=num_cpus or os.cpu_count(), include_dashboard=False,
                          namespace=NAMESPACE, _node_ip_address="127.0.0.1",
                          _temp_dir=os.path.join(private_dir, "ray"), log_to_driver=False,
-                         runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}})
+                         runtime_env={"env_vars": _worker_env(private_dir)})
         except BaseException:
             _remove(token_file)
             _set_ray_env(saved)
@@ -175,6 +183,8 @@ class RayRuntime:
                 else:
                     ray.shutdown()
         finally:
+            if self.started_here and self.private_dir:  # its workers' temporary files, their processes gone
+                shutil.rmtree(os.path.join(self.private_dir, WORKER_TMP), ignore_errors=True)
             _remove(self._token_file)  # only left if connect() did not get to its end
             self._token_file = None
             self._restore_env()
@@ -245,6 +255,16 @@ def _local_env() -> Dict[str, Optional[str]]:
     # the recent calls for `ray list tasks` and bounds the rest (docs/reliability.md).
     return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": None, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
             "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1", "RAY_task_events_max_num_task_in_gcs": TASK_EVENTS_KEPT}
+
+
+def _worker_env(private_dir: str) -> Dict[str, str]:
+    """The environment of the local Ray's workers: one thread each, their TMPDIR in the run's folder (module
+    docstring), and torch's compile cache where it would be without that: vLLM compiles its model there, and the
+    next run (each test's engine too) reuses what this one compiled."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    return {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "TMPDIR": os.path.join(private_dir, WORKER_TMP),
+            "TORCHINDUCTOR_CACHE_DIR": os.environ.get("TORCHINDUCTOR_CACHE_DIR") or default_cache_dir()}
 
 
 def _read_token(token_file: str, rank: int) -> str:

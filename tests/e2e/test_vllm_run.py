@@ -6,6 +6,8 @@ the check mode compares every engine weight with the trainer's after every sync 
 one differs), and the engine/trainer log-prob gap of every sampled token is logged each step.
 """
 import os
+import stat
+import tempfile
 
 import pytest
 import yaml
@@ -35,10 +37,26 @@ def vllm_run(module_tmp, cache):
     """Two steps, every sync checked, and the TP = 2 agent's engine killed before the second step begins, between
     calls, as Ray's memory monitor ends engines (Ray restarts it unseen; the loop must notice it holds no weights)."""
     out = module_tmp("vllm") / "run"
-    shared_before = set(os.listdir("/dev/shm"))
+    shared_before, tmp_before = set(os.listdir("/dev/shm")), _vllm_files_in_tmp()
     output = run(vllm_config(out.parent, cache), out, "--check-weights", faults="kill_engine_before_step=1",
                  timeout=900)
-    return out, output, sorted(set(os.listdir("/dev/shm")) - shared_before)
+    return (out, output, sorted(set(os.listdir("/dev/shm")) - shared_before),
+            sorted(_vllm_files_in_tmp() - tmp_before))
+
+
+def _vllm_files_in_tmp() -> set:
+    """What vLLM makes in the temp dir: its ZMQ sockets (named by a UUID) and its `vllm_dist_*` files. Only this
+    test group starts vLLM engines, one test at a time, so another worker's tests add none meanwhile."""
+    tmp = tempfile.gettempdir()
+    found = set()
+    for name in os.listdir(tmp):
+        try:
+            mode = os.lstat(os.path.join(tmp, name)).st_mode
+        except FileNotFoundError:
+            continue
+        if stat.S_ISSOCK(mode) or name.startswith("vllm_dist_"):
+            found.add(name)
+    return found
 
 
 def test_vllm_engines_serve_exactly_the_trainers_weights_a_restarted_one_too(vllm_run):
@@ -47,7 +65,7 @@ def test_vllm_engines_serve_exactly_the_trainers_weights_a_restarted_one_too(vll
     sampled token then shows the engines sample with those weights, the restarted one in the redone step too.
     (That the redone step gives the uninterrupted run's metrics, engine-agnostic loop logic, is checked with the
     embedded engine in tests/e2e/test_reliability.py.)"""
-    out, output, _ = vllm_run
+    out, output, _, _ = vllm_run
     # the kill really happened, and the restarted engine was found without weights before it generated
     assert "the engines of ['qwen3-tiny'] were restarted since their last weight push" in output
     assert output.count("was replaced by") == 1  # the sender saw the new process (said once: only that engine died)
@@ -67,5 +85,14 @@ def test_no_engine_leaves_files_in_dev_shm_the_killed_one_neither(vllm_run):
     that only a clean exit unlinks. Three engines lived in this run: two the run's end SIGKILLs (it removes what
     they mapped), and one killed before the second step, whose files the actor Ray started in its place removes
     (orchestrator/shared_memory.py). Without the first, six files stayed; without the second, two to four."""
-    _, _, left_in_dev_shm = vllm_run
+    _, _, left_in_dev_shm, _ = vllm_run
     assert left_in_dev_shm == []
+
+
+def test_no_engine_leaves_sockets_or_files_in_tmp(vllm_run):
+    """Each engine's ZMQ sockets (two for the engine actor, its engine core and its worker each) and its
+    `vllm_dist_*` file are made in the actor's temp dir and stay when its process is SIGKILLed: at the run's end, or
+    killed before the second step. The run's actors have their TMPDIR in the run's Ray folder, removed at the end
+    (orchestrator/ray_runtime.py): nothing of theirs is left in the machine's temp dir."""
+    *_, left_in_tmp = vllm_run
+    assert left_in_tmp == []

@@ -76,6 +76,39 @@ def test_shutdown_leaves_no_process_of_the_local_ray(ray_tmp):
     _, alive = psutil.wait_procs(family + [worker], timeout=1)
     assert not [p for p in alive if p.status() != psutil.STATUS_ZOMBIE], [(p.pid, p.name()) for p in alive]
 
+
+@ray.remote(num_cpus=0)
+def _leave_temporary_files():
+    """What a vLLM engine leaves where its process is SIGKILLed: a unix socket (its ZMQ ipc endpoint, in
+    tempfile.gettempdir()) and a folder (wandb's, made when megatron-core imports it)."""
+    import socket
+    import tempfile
+
+    path = os.path.join(tempfile.gettempdir(), "engine.sock")
+    endpoint = socket.socket(socket.AF_UNIX)
+    endpoint.bind(path)
+    _leave_temporary_files.endpoint = endpoint  # kept open: the worker is killed holding it
+    return path, tempfile.mkdtemp(prefix="wandb-media"), os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+
+
+def test_workers_temporary_files_go_with_the_local_ray(ray_tmp):
+    """The workers' TMPDIR is a folder of the run's own (0700), removed when the run stops its Ray; Ray's folder
+    (its logs) stays, and so does torch's compile cache, outside it."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    runtime = RayRuntime.connect(None, num_cpus=1)
+    worker_tmp = os.path.join(runtime.private_dir, "tmp")
+    try:
+        socket_path, folder, compile_cache = ray.get(_leave_temporary_files.remote())
+        assert os.path.dirname(socket_path) == worker_tmp and os.path.dirname(folder) == worker_tmp
+        assert compile_cache == (os.environ.get("TORCHINDUCTOR_CACHE_DIR") or default_cache_dir())
+        assert os.stat(worker_tmp).st_mode & 0o777 == 0o700
+    finally:
+        runtime.shutdown()
+    assert not os.path.exists(worker_tmp)
+    assert os.path.isdir(os.path.join(runtime.private_dir, "ray"))
+
+
 OTHER_CLUSTER = r"""
 import os, sys, ray
 from ray._common.utils import get_ray_address_file
