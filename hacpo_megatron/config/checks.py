@@ -27,7 +27,6 @@ def config_problems(cfg: Config, where: Where) -> List[str]:
     from hacpo_megatron.models.presets import attention_shape, load_hf_config_dict
 
     errors: List[str] = []
-
     a, r, d, t = cfg.algorithm, cfg.rollout, cfg.data, cfg.train
     _check(a.alpha >= 0, errors, where, ("algorithm", "alpha"), f"must be >= 0, got {a.alpha}")
     _check(0 < a.delta < 1, errors, where, ("algorithm", "delta"), f"must be in (0, 1), got {a.delta}")

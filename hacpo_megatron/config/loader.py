@@ -246,6 +246,7 @@ def _build(cls: type, value: Any, path: Path, where: _Where, errors: List[str]) 
     return cls(**kwargs)
 
 
+# ----------------------------------------------------------------------------- model names
 def _resolve_model_names(cfg: Config, where: _Where, errors: List[str]) -> None:
     """A known GGUF model name (e.g. "smollm2-135m-instruct") or a .gguf file as an agent's `model` or
     `init_from` becomes its Hugging Face folder, converted once and cached (checkpoint/gguf_sources.py); a derived
