@@ -411,24 +411,25 @@ def results_markdown(results: Sequence[CellResult], labels: Sequence[str], basel
                 lines += ["", f"### {label}", ""]
                 lines += _markdown_table(["step", "learner", "below", "inside", "above", "mean s", "right",
                                           "right and inside", "seeds"], rows)
-    lines += _section("What the answers became", answer_rows(results), ["variant", "seed", "agent", "steps", "tokens",
-                      "cut at the limit", "reward", "reward of the finished", "held-out cut at the limit"],
-                      "Per cell and agent, its own training answers over the opening quarter of its steps and over the "
-                  "closing quarter (means of the steps' figures): tokens an answer, the share that reached the token "
-                  "limit without ending, their mean reward, and the reward of those that ended (reward / (1 − cut), "
-                  "taking a cut answer to score 0); and the share of its held-out answers cut at the limit at the "
-                  "first and the last evaluation (n/a: a run from before `eval/truncated_frac`). A held-out gain "
-                  "that comes with much shorter or fewer cut-off answers is partly a change of form; the reward of "
-                  "the finished answers tells how much of a reward gain is not.")
+    intro = ("Per cell and agent, its own training answers over the opening quarter of its steps and over the "
+             "closing quarter (means of the steps' figures): tokens an answer, the share that reached the token "
+             "limit without ending, their mean reward, and the reward of those that ended (reward / (1 − cut), "
+             "taking a cut answer to score 0); and the share of its held-out answers cut at the limit at the "
+             "first and the last evaluation (n/a: a run from before `eval/truncated_frac`). A held-out gain "
+             "that comes with much shorter or fewer cut-off answers is partly a change of form; the reward of "
+             "the finished answers tells how much of a reward gain is not.")
+    lines += _section("What the answers became", answer_rows(results),
+                      ["variant", "seed", "agent", "steps", "tokens", "cut at the limit", "reward",
+                       "reward of the finished", "held-out cut at the limit"], intro)
     strata = strata_rows(results)
+    intro = ("Per cell, its weaker agent's held-out problems split by what the agents answered at the first "
+             f"evaluation (right: a score of at least {RIGHT_SCORE}): those another agent got right and it did "
+             "not, those every agent got wrong, those it got right; its mean score on each, first evaluation → "
+             "last (problems in brackets). The first is where the other agents' answers can teach it what its "
+             "own cannot; a gain there beyond a baseline's is their knowledge crossing, one in the second is "
+             "not.")
     lines += _section("Where the weaker agent's held-out gain lies", strata,
-                      ["variant", "seed", "weaker agent", "evaluations"] + list(STRATA),
-                      "Per cell, its weaker agent's held-out problems split by what the agents answered at the first "
-                  f"evaluation (right: a score of at least {RIGHT_SCORE}): those another agent got right and it did "
-                  "not, those every agent got wrong, those it got right; its mean score on each, first evaluation → "
-                  "last (problems in brackets). The first is where the other agents' answers can teach it what its "
-                  "own cannot; a gain there beyond a baseline's is their knowledge crossing, one in the second is "
-                  "not.")
+                      ["variant", "seed", "weaker agent", "evaluations"] + list(STRATA), intro)
     if strata:
         pairs = ([(label, baseline) for label in labels if baseline and label != baseline] + list(comparisons))
         differences = [(other, row) for label, other in pairs for row in strata_difference_rows(results, label, other)
