@@ -91,7 +91,11 @@ def save_failure_message(error: CheckpointSaveError, temporary: Path, root: Path
     if dist.get_rank() == 0:
         shutil.rmtree(temporary, ignore_errors=True)
     dist.barrier()
-    free = shutil.disk_usage(root).free if root.is_dir() else None
+    # One reading, rank 0's, for every rank: each rank reading its own gave different figures while the filesystem
+    # was still releasing space (0.00 and 0.09 GiB in one run under load), and every rank must say the same words.
+    reading = [shutil.disk_usage(root).free if root.is_dir() else None]
+    dist.broadcast_object_list(reading, src=0)
+    free = reading[0]
     pointer = root / LATEST_FILE
     previous = pointer.read_text().strip() if pointer.is_file() else "no step yet"
     return (f"{error}. {temporary.name} was removed; "
