@@ -71,7 +71,9 @@ class RunReporter:
     def _progress_bar(total_steps: int, start_step: int):
         from tqdm import tqdm
 
-        return tqdm(total=total_steps, initial=start_step, desc="train", unit="step", dynamic_ncols=True)
+        # start_step is the first step this process logs, so the steps already done are one fewer.
+        done = max(start_step - 1, 0)
+        return tqdm(total=total_steps, initial=done, desc="train", unit="step", dynamic_ncols=True)
 
     # ---- logging
     def log_step(self, step: int, records: Sequence[Mapping[str, Any]]) -> None:

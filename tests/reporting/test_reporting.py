@@ -256,3 +256,13 @@ def test_eval_accuracy_in_step_records_and_numpy_values(tmp_path):
     assert records[0]["weight_sync/bytes"] == 7 and records[1]["reward/timeout"] == 2
     assert summarize_agent(load_run(tmp_path), "a").first_eval == (0, pytest.approx(0.25))
     assert not math.isnan(records[0]["eval/accuracy"])
+
+
+def test_a_resumed_runs_progress_bar_counts_the_steps_done_and_ends_at_the_total(tmp_path):
+    # A run resumed from step 3's checkpoint logs steps 4-5 of 5: its bar starts at 3 and ends at 5, not one past.
+    reporter = RunReporter(tmp_path, AGENTS, total_steps=5, trackers=(), plots=False, progress_bar=True, start_step=4)
+    assert reporter._bar.n == 3
+    for step in (4, 5):
+        reporter.log_step(step, [make_record(agent, step) for agent in AGENTS])
+    assert reporter._bar.n == reporter._bar.total == 5
+    reporter.close()
